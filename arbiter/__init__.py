@@ -1,0 +1,1 @@
+"""Arbiter command line and local process management (``arbiter up``)."""

@@ -1,0 +1,133 @@
+"""Start, wait for and stop local processes: used by ``arbiter up`` and by the tests.
+
+Every child runs in its own process group so that stopping it also stops whatever it
+spawned (uvicorn workers, process pools). ``stop`` sends SIGTERM, then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1 (bound then released)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class ManagedProcess:
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    ready_url: str | None = None
+    log_path: Path | None = None
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> ManagedProcess:
+        env = {**os.environ, **self.env}
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            self.argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Poll ``ready_url`` (200 means ready) or, for non-HTTP processes, the port."""
+        deadline = time.monotonic() + timeout
+        last = "not started"
+        while time.monotonic() < deadline:
+            if not self.running:
+                raise RuntimeError(f"{self.name} exited early ({last}); log: {self.log_path}")
+            if self.ready_url is None:
+                return
+            try:
+                r = httpx.get(self.ready_url, timeout=2.0)
+                if r.status_code == 200:
+                    return
+                last = f"HTTP {r.status_code}: {r.text[:200]}"
+            except httpx.HTTPError as exc:
+                last = f"{type(exc).__name__}"
+            time.sleep(0.1)
+        raise TimeoutError(
+            f"{self.name} not ready after {timeout:.0f}s ({last}); log: {self.log_path}"
+        )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(5)
+
+
+def uvicorn_process(
+    name: str,
+    factory: str,
+    port: int,
+    env: dict[str, str] | None = None,
+    log_path: Path | None = None,
+    ready_path: str = "/healthz",
+) -> ManagedProcess:
+    """A service started the way it runs in production: uvicorn with an app factory."""
+    argv = [
+        sys.executable, "-m", "uvicorn", factory, "--factory",
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+    ]  # fmt: skip
+    return ManagedProcess(
+        name=name,
+        argv=argv,
+        env=env or {},
+        ready_url=f"http://127.0.0.1:{port}{ready_path}",
+        log_path=log_path,
+    )
+
+
+def redis_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    raise FileNotFoundError(
+        "redis-server not found: install it with `apt-get install -y redis-server` "
+        "(make run / make test do this)"
+    )
+
+
+def redis_process(port: int, log_path: Path | None = None) -> ManagedProcess:
+    """A real redis-server on 127.0.0.1 only, no persistence."""
+    argv = [
+        redis_binary(), "--bind", "127.0.0.1", "--port", str(port),
+        "--save", "", "--appendonly", "no", "--protected-mode", "yes",
+    ]  # fmt: skip
+    return ManagedProcess(name="redis", argv=argv, log_path=log_path)
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.05)
+    raise TimeoutError(f"nothing listening on 127.0.0.1:{port} after {timeout}s")

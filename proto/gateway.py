@@ -1,0 +1,80 @@
+"""Gateway: the public ``POST /v1/score``."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from proto.common import ArbiterModel
+from proto.components import MAX_GROUPS, MAX_RESPONSES, MAX_TEXT_CHARS, ErrorKind
+
+
+class RecipeComponent(ArbiterModel):
+    name: str = Field(description="Component name, e.g. 'math_accuracy'.")
+    weight: float = Field(default=1.0, allow_inf_nan=False)
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class Recipe(ArbiterModel):
+    name: str = Field(default="inline", max_length=128)
+    components: list[RecipeComponent] = Field(min_length=1, max_length=16)
+
+
+class ScoreGroup(ArbiterModel):
+    id: str = Field(default="", max_length=256)
+    prompt: str = Field(default="", max_length=MAX_TEXT_CHARS)
+    reference: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
+    responses: list[str] = Field(min_length=1, max_length=MAX_RESPONSES)
+
+
+class ScoreRequest(ArbiterModel):
+    recipe: str | Recipe = Field(description="A named recipe or an inline one.")
+    groups: list[ScoreGroup] = Field(min_length=1, max_length=MAX_GROUPS)
+    on_error: Literal["mask", "fail"] = Field(
+        default="mask",
+        description="mask: null + mask + error entry; fail: the whole request fails (503/504).",
+    )
+
+
+class RecipeRef(ArbiterModel):
+    name: str
+    fingerprint: str = Field(description="sha256 of the recipe's canonical JSON.")
+    components: list[RecipeComponent]
+
+
+class ScoreError(ArbiterModel):
+    component: str
+    index: int
+    kind: ErrorKind
+    message: str
+
+
+class GroupScore(ArbiterModel):
+    id: str
+    rewards: list[float | None]
+    components: dict[str, list[float | None]]
+    masked: list[bool]
+    errors: list[ScoreError] = Field(default_factory=list)
+    info: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="Per-component notes (e.g. truncation)."
+    )
+
+
+class ScoreUsage(ArbiterModel):
+    responses: int = 0
+    cache_hits: int = 0
+    cache_misses: int = 0
+    judge_prompt_tokens: int = 0
+    judge_completion_tokens: int = 0
+    elapsed_ms: float = 0.0
+
+
+class ScoreResponse(ArbiterModel):
+    recipe: RecipeRef
+    groups: list[GroupScore]
+    usage: ScoreUsage
+
+
+class RecipeList(ArbiterModel):
+    recipes: list[RecipeRef]

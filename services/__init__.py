@@ -1,0 +1,1 @@
+"""Arbiter's HTTP services. Each has the same shape: app.py, routes.py, scoring.py, settings.py."""

@@ -1,0 +1,1 @@
+"""What every service shares: the error hierarchy and envelope, the app factory, settings base."""

@@ -1,0 +1,167 @@
+"""The app factory every service uses: error envelope, health, readiness, metrics.
+
+A service provides its settings, a lifespan that builds its handler object once and puts
+it on ``app.state``, a router, and a readiness callable. Routes stay thin.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from proto.common import ErrorBody, ErrorResponse, ErrorType, Health, Readiness
+from services.common.errors import ArbiterError
+
+log = logging.getLogger("arbiter")
+
+REQUEST_SECONDS = Histogram(
+    "arbiter_http_request_seconds",
+    "HTTP request latency by service, route and status.",
+    ["service", "route", "status"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+
+ReadyCheck = Callable[[FastAPI], Awaitable[dict[str, str]]]
+Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
+
+_STATUS_TYPES: dict[int, ErrorType] = {
+    400: "invalid_request_error",
+    404: "not_found",
+    405: "invalid_request_error",
+    413: "payload_too_large",
+    422: "invalid_request_error",
+    429: "rate_limited",
+    503: "unavailable",
+    504: "timeout",
+}
+
+
+def error_json(
+    status: int, type_: ErrorType, message: str, param: str | None = None, code: str | None = None
+) -> JSONResponse:
+    body = ErrorResponse(error=ErrorBody(type=type_, message=message, param=param, code=code))
+    return JSONResponse(status_code=status, content=body.model_dump())
+
+
+def _loc_to_param(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    # Drop pydantic's union/generic tags such as 'str' or 'Recipe' that are not fields.
+    return ".".join(parts)
+
+
+async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    param = _loc_to_param(tuple(first.get("loc", ())))
+    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
+    if len(errors) > 1:
+        message += f" (and {len(errors) - 1} more)"
+    return error_json(422, "invalid_request_error", message, param or None, "validation_error")
+
+
+async def _arbiter_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ArbiterError)
+    return JSONResponse(status_code=exc.status, content=exc.envelope().model_dump())
+
+
+async def _http_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    type_ = _STATUS_TYPES.get(exc.status_code, "internal_error")
+    return error_json(exc.status_code, type_, str(exc.detail))
+
+
+async def _unhandled_handler(_: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", exc_info=exc)
+    return error_json(500, "internal_error", f"{type(exc).__name__}: {exc}")
+
+
+class TimingMiddleware:
+    """Pure ASGI middleware (cheap): one histogram observation per HTTP request."""
+
+    def __init__(self, app: ASGIApp, service: str):
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            path = getattr(route, "path", "unmatched")
+            REQUEST_SECONDS.labels(self.service, path, str(status)).observe(
+                time.perf_counter() - start
+            )
+
+
+def create_service_app(
+    *,
+    service: str,
+    title: str,
+    router: APIRouter,
+    lifespan: Lifespan,
+    ready: ReadyCheck,
+    description: str = "",
+) -> FastAPI:
+    """Build a FastAPI app with Arbiter's common endpoints and error handling."""
+
+    async def readyz(request: Request) -> JSONResponse:
+        try:
+            checks = await ready(request.app)
+        except Exception as exc:  # readiness must answer, never raise
+            checks = {"readiness": f"{type(exc).__name__}: {exc}"}
+        body = Readiness(ready=all(v == "ok" for v in checks.values()), checks=checks)
+        return JSONResponse(status_code=200 if body.ready else 503, content=body.model_dump())
+
+    async def healthz() -> Health:
+        return Health()
+
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    app = FastAPI(title=title, description=description, version="1.0.0", lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    app.add_exception_handler(ArbiterError, _arbiter_handler)
+    app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(Exception, _unhandled_handler)
+    error_responses: dict[int | str, dict[str, Any]] = {
+        code: {"model": ErrorResponse} for code in (400, 413, 422, 429, 500, 503, 504)
+    }
+    app.include_router(router, responses=error_responses)
+    app.add_api_route("/healthz", healthz, methods=["GET"], tags=["ops"])
+    app.add_api_route(
+        "/readyz",
+        readyz,
+        methods=["GET"],
+        tags=["ops"],
+        responses={200: {"model": Readiness}, 503: {"model": Readiness}},
+    )
+    app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"], include_in_schema=False)
+    app.add_middleware(TimingMiddleware, service=service)
+    return app
+
+
+async def no_lifespan(_: FastAPI) -> AsyncIterator[None]:
+    yield

@@ -1,0 +1,93 @@
+"""Shared fixtures: real processes on free loopback ports, started once per session.
+
+Services run exactly as in production (uvicorn + app factory, in their own process
+group); Redis is a real redis-server bound to 127.0.0.1. Fixtures that a test breaks on
+purpose (stopping a service or Redis) are function-scoped and start their own copies.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from arbiter.procs import ManagedProcess, free_port, redis_process, uvicorn_process
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("logs")
+
+
+@pytest.fixture(scope="session")
+def gsm8k_dir() -> Path:
+    path = Path(os.environ.get("ARBITER_GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
+    if not (path / "test.jsonl").exists():
+        pytest.fail(f"GSM8K not found at {path}; set ARBITER_GSM8K_DIR")
+    return path
+
+
+def _start(proc: ManagedProcess, timeout: float = 60.0) -> ManagedProcess:
+    proc.start()
+    try:
+        proc.wait_ready(timeout)
+    except Exception:
+        proc.stop()
+        raise
+    return proc
+
+
+def start_redis(log_dir: Path) -> tuple[ManagedProcess, str]:
+    port = free_port()
+    proc = redis_process(port, log_path=log_dir / f"redis-{port}.log").start()
+    from arbiter.procs import wait_port
+
+    wait_port(port)
+    return proc, f"redis://127.0.0.1:{port}/0"
+
+
+def start_service(
+    name: str, log_dir: Path, env: dict[str, str] | None = None, timeout: float = 60.0
+) -> tuple[ManagedProcess, str]:
+    """Start ``services.<name>.app:create_app`` on a free port; return (process, base URL)."""
+    port = free_port()
+    proc = uvicorn_process(
+        name,
+        f"services.{name}.app:create_app",
+        port,
+        env=env,
+        log_path=log_dir / f"{name}-{port}.log",
+    )
+    _start(proc, timeout)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture(scope="session")
+def redis_url(log_dir: Path) -> Iterator[str]:
+    proc, url = start_redis(log_dir)
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def verify_url(log_dir: Path) -> Iterator[str]:
+    proc, url = start_service("verify", log_dir, {"VERIFY_WORKERS": "2"})
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def gateway_url(log_dir: Path, verify_url: str, redis_url: str) -> Iterator[str]:
+    """Gateway in front of the shared verify service and Redis (math + format recipes)."""
+    proc, url = start_service(
+        "gateway", log_dir, {"GATEWAY_VERIFY_URL": verify_url, "REDIS_URL": redis_url}
+    )
+    yield url
+    proc.stop()
