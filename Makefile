@@ -19,10 +19,12 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	touch $@
 
+# System tools: a real redis-server; Debian's docker-compose v1 validates compose files offline.
 redis:
-	@command -v redis-server >/dev/null || { \
-	  echo "installing redis-server (apt)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+	@command -v redis-server >/dev/null && command -v docker-compose >/dev/null || { \
+	  echo "installing redis-server and docker-compose (apt)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends redis-server docker-compose; }
 
 # vLLM's CPU build serves the judge's test model; its own venv, its own torch.
 vllm: $(VLLM_VENV)/.installed
