@@ -31,6 +31,15 @@ REQUEST_SECONDS = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 
+# A readiness check passes with "ok"; "not configured: …" (an optional dependency left out on
+# purpose) and "degraded: …" (serving without it, e.g. a cache) are reported but pass too.
+NON_BLOCKING_PREFIXES = ("not configured", "degraded")
+
+
+def check_passes(value: str) -> bool:
+    return value == "ok" or value.startswith(NON_BLOCKING_PREFIXES)
+
+
 ReadyCheck = Callable[[FastAPI], Awaitable[dict[str, str]]]
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -132,7 +141,7 @@ def create_service_app(
             checks = await ready(request.app)
         except Exception as exc:  # readiness must answer, never raise
             checks = {"readiness": f"{type(exc).__name__}: {exc}"}
-        body = Readiness(ready=all(v == "ok" for v in checks.values()), checks=checks)
+        body = Readiness(ready=all(check_passes(v) for v in checks.values()), checks=checks)
         return JSONResponse(status_code=200 if body.ready else 503, content=body.model_dump())
 
     async def healthz() -> Health:
