@@ -1,0 +1,1 @@
+"""GRPO trainer against the Arbiter reward gateway."""
