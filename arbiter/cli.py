@@ -30,8 +30,15 @@ def main(argv: list[str] | None = None) -> int:
 
     p_up = sub.add_parser("up", help="start Redis and every service locally, score a sample")
     p_up.add_argument("--gateway-port", type=int, default=8000)
-    p_up.add_argument("--with-embedding", action="store_true", help="also start embedding")
-    p_up.add_argument("--judge-url", default=None, help="OpenAI-compatible judge server URL")
+    p_up.add_argument("--redis-port", type=int, default=6379)
+    p_up.add_argument("--no-embedding", action="store_true", help="don't start the embedder")
+    p_up.add_argument(
+        "--judge-base-url",
+        default=None,
+        help="OpenAI-compatible server (e.g. http://127.0.0.1:8010/v1); starts the judge",
+    )
+    p_up.add_argument("--judge-model", default=None, help="model name on that server")
+    p_up.add_argument("--logs", default="runs/stack", help="folder for the services' logs")
     p_up.add_argument("--samples", type=int, default=4, help="GSM8K samples to score at start")
     p_up.add_argument("--data", default=None, help="GSM8K dir (default ../shared/data/gsm8k)")
     p_up.add_argument("--once", action="store_true", help="stop after scoring the samples")

@@ -34,6 +34,7 @@ class ManagedProcess:
     env: dict[str, str] = field(default_factory=dict)
     ready_url: str | None = None
     log_path: Path | None = None
+    port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> ManagedProcess:
@@ -56,6 +57,8 @@ class ManagedProcess:
             if not self.running:
                 raise RuntimeError(f"{self.name} exited early ({last}); log: {self.log_path}")
             if self.ready_url is None:
+                if self.port is not None:
+                    wait_port(self.port, max(0.1, deadline - time.monotonic()))
                 return
             try:
                 r = httpx.get(self.ready_url, timeout=2.0)
@@ -101,6 +104,7 @@ def uvicorn_process(
         env=env or {},
         ready_url=f"http://127.0.0.1:{port}{ready_path}",
         log_path=log_path,
+        port=port,
     )
 
 
@@ -120,7 +124,7 @@ def redis_process(port: int, log_path: Path | None = None) -> ManagedProcess:
         redis_binary(), "--bind", "127.0.0.1", "--port", str(port),
         "--save", "", "--appendonly", "no", "--protected-mode", "yes",
     ]  # fmt: skip
-    return ManagedProcess(name="redis", argv=argv, log_path=log_path)
+    return ManagedProcess(name="redis", argv=argv, log_path=log_path, port=port)
 
 
 def wait_port(port: int, timeout: float = 10.0) -> None:

@@ -113,6 +113,8 @@ def build_model(
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
+    if hidden // heads != 64:
+        raise ValueError(f"head_dim must be 64 for vLLM's CPU attention, got {hidden // heads}")
     tok = AutoTokenizer.from_pretrained(out_dir)
     torch.manual_seed(seed)
     config = Qwen2Config(
@@ -122,16 +124,13 @@ def build_model(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads or heads,
-        head_dim=hidden // heads,
         max_position_embeddings=max_positions,
         tie_word_embeddings=True,
         bos_token_id=tok.pad_token_id,
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        torch_dtype="float32",
+        dtype="float32",
     )
-    if config.head_dim != 64:
-        raise ValueError(f"head_dim must be 64 for vLLM's CPU attention, got {config.head_dim}")
     model = Qwen2ForCausalLM(config)
     model.generation_config = GenerationConfig(
         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id

@@ -46,10 +46,7 @@ def _start(proc: ManagedProcess, timeout: float = 60.0) -> ManagedProcess:
 
 def start_redis(log_dir: Path) -> tuple[ManagedProcess, str]:
     port = free_port()
-    proc = redis_process(port, log_path=log_dir / f"redis-{port}.log").start()
-    from arbiter.procs import wait_port
-
-    wait_port(port)
+    proc = _start(redis_process(port, log_path=log_dir / f"redis-{port}.log"), 10.0)
     return proc, f"redis://127.0.0.1:{port}/0"
 
 

@@ -1,0 +1,143 @@
+"""``arbiter up``: Redis and every service as local processes, offline defaults.
+
+Starts redis-server (bound to 127.0.0.1), verify, embedding (unless ``--no-embedding``),
+judge (when a judge server is given) and the gateway; waits until each is ready; scores
+a few GSM8K samples through the gateway and prints them; then keeps the stack running
+until Ctrl-C or SIGTERM, and stops every child process on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from arbiter.procs import ManagedProcess, redis_process, uvicorn_process
+
+log = logging.getLogger("arbiter.up")
+
+PORTS = {"verify": 8001, "embedding": 8002, "judge": 8003}
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
+    """The processes to start, in order (each depends only on those before it)."""
+    procs = [redis_process(args.redis_port, log_path=logs / "redis.log")]
+    gateway_env = {"REDIS_URL": f"redis://127.0.0.1:{args.redis_port}/0"}
+
+    procs.append(
+        uvicorn_process("verify", "services.verify.app:create_app", PORTS["verify"],
+                        log_path=logs / "verify.log", ready_path="/readyz")
+    )  # fmt: skip
+    gateway_env["GATEWAY_VERIFY_URL"] = f"http://127.0.0.1:{PORTS['verify']}"
+    if not args.no_embedding:
+        procs.append(
+            uvicorn_process("embedding", "services.embedding.app:create_app", PORTS["embedding"],
+                            log_path=logs / "embedding.log", ready_path="/readyz")
+        )  # fmt: skip
+        gateway_env["GATEWAY_EMBEDDING_URL"] = f"http://127.0.0.1:{PORTS['embedding']}"
+    if args.judge_base_url:
+        judge_env = {"JUDGE_BASE_URL": args.judge_base_url}
+        if args.judge_model:
+            judge_env["JUDGE_MODEL"] = args.judge_model
+        procs.append(
+            uvicorn_process("judge", "services.judge.app:create_app", PORTS["judge"],
+                            env=judge_env, log_path=logs / "judge.log", ready_path="/healthz")
+        )  # fmt: skip
+        gateway_env["GATEWAY_JUDGE_URL"] = f"http://127.0.0.1:{PORTS['judge']}"
+    procs.append(
+        uvicorn_process("gateway", "services.gateway.app:create_app", args.gateway_port,
+                        env=gateway_env, log_path=logs / "gateway.log")
+    )  # fmt: skip
+    return procs
+
+
+def sample_groups(data_dir: Path, n: int) -> list[dict[str, Any]]:
+    """n GSM8K test problems, each with responses a policy might give: right, wrong, sloppy."""
+    groups = []
+    with (data_dir / "test.jsonl").open() as f:
+        for i, line in zip(range(n), f, strict=False):
+            row = json.loads(line)
+            gold = row["answer"].split("####")[-1].strip()
+            responses = [
+                f"<think>{row['answer'].split('####')[0].strip()}</think><answer>{gold}</answer>",
+                f"<think>I guess.</think><answer>{int(gold.replace(',', '')) + 1}</answer>",
+                f"The answer is {gold}.",
+            ]
+            groups.append(
+                {"id": f"test-{i}", "prompt": row["question"], "reference": row["answer"],
+                 "responses": responses}
+            )  # fmt: skip
+    return groups
+
+
+def score_samples(gateway: str, data_dir: Path, n: int, recipe: str) -> None:
+    body = {"recipe": recipe, "groups": sample_groups(data_dir, n)}
+    r = httpx.post(f"{gateway}/v1/score", json=body, timeout=120)
+    r.raise_for_status()
+    out = r.json()
+    print(f"\nrecipe {out['recipe']['name']} ({out['recipe']['fingerprint'][:19]}…)")
+    print(f"{'group':<8} {'resp':>4}  {'reward':>7}  components")
+    for g in out["groups"]:
+        for j, reward in enumerate(g["rewards"]):
+            comps = "  ".join(f"{k}={v[j]}" for k, v in g["components"].items())
+            shown = "null" if reward is None else f"{reward:.3f}"
+            print(f"{g['id']:<8} {j:>4}  {shown:>7}  {comps}")
+    print(f"usage: {out['usage']}\n")
+
+
+def up(args: argparse.Namespace) -> int:
+    logs = Path(args.logs)
+    logs.mkdir(parents=True, exist_ok=True)
+    data_dir = Path(args.data) if args.data else REPO.parent / "shared" / "data" / "gsm8k"
+    procs = _plan(args, logs)
+    busy = [f"{p.name}:{p.port}" for p in procs if p.port is not None and not _port_free(p.port)]
+    if busy:
+        log.error("ports in use (%s); is another stack running?", ", ".join(busy))
+        return 1
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    started: list[ManagedProcess] = []
+    try:
+        for proc in procs:
+            log.info("starting %s", proc.name)
+            started.append(proc.start())
+            proc.wait_ready(timeout=180)
+        gateway = f"http://127.0.0.1:{args.gateway_port}"
+        recipe = "gsm8k-diverse" if not args.no_embedding else "gsm8k"
+        if data_dir.exists() and args.samples > 0:
+            score_samples(gateway, data_dir, args.samples, recipe)
+        else:
+            log.warning("GSM8K not found at %s; skipping the sample scores", data_dir)
+        print("Arbiter is up:")
+        for proc in started:
+            scheme = "redis" if proc.name == "redis" else "http"
+            where = f"{scheme}://127.0.0.1:{proc.port}"
+            print(f"  {proc.name:<10} {where}   log: {proc.log_path}")
+        print(f"  API docs   {gateway}/docs\nCtrl-C stops everything.", flush=True)
+        if not args.once:
+            while not stop.wait(0.5):
+                dead = [p.name for p in started if not p.running]
+                if dead:
+                    log.error("%s exited; stopping the stack (see logs in %s)", dead, logs)
+                    return 1
+        return 0
+    finally:
+        for proc in reversed(started):
+            proc.stop()
+        log.info("stopped %d processes", len(started))
