@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="start Redis and every service locally, score a sample")
     p_up.add_argument("--gateway-port", type=int, default=8000)
     p_up.add_argument("--redis-port", type=int, default=6379)
+    p_up.add_argument("--verify-port", type=int, default=8001)
+    p_up.add_argument("--embedding-port", type=int, default=8002)
+    p_up.add_argument("--judge-port", type=int, default=8003)
     p_up.add_argument("--no-embedding", action="store_true", help="don't start the embedder")
     p_up.add_argument(
         "--judge-base-url",

@@ -22,7 +22,6 @@ from arbiter.procs import ManagedProcess, redis_process, uvicorn_process
 
 log = logging.getLogger("arbiter.up")
 
-PORTS = {"verify": 8001, "embedding": 8002, "judge": 8003}
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -39,25 +38,25 @@ def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
     gateway_env = {"REDIS_URL": f"redis://127.0.0.1:{args.redis_port}/0"}
 
     procs.append(
-        uvicorn_process("verify", "services.verify.app:create_app", PORTS["verify"],
+        uvicorn_process("verify", "services.verify.app:create_app", args.verify_port,
                         log_path=logs / "verify.log", ready_path="/readyz")
     )  # fmt: skip
-    gateway_env["GATEWAY_VERIFY_URL"] = f"http://127.0.0.1:{PORTS['verify']}"
+    gateway_env["GATEWAY_VERIFY_URL"] = f"http://127.0.0.1:{args.verify_port}"
     if not args.no_embedding:
         procs.append(
-            uvicorn_process("embedding", "services.embedding.app:create_app", PORTS["embedding"],
+            uvicorn_process("embedding", "services.embedding.app:create_app", args.embedding_port,
                             log_path=logs / "embedding.log", ready_path="/readyz")
         )  # fmt: skip
-        gateway_env["GATEWAY_EMBEDDING_URL"] = f"http://127.0.0.1:{PORTS['embedding']}"
+        gateway_env["GATEWAY_EMBEDDING_URL"] = f"http://127.0.0.1:{args.embedding_port}"
     if args.judge_base_url:
         judge_env = {"JUDGE_BASE_URL": args.judge_base_url}
         if args.judge_model:
             judge_env["JUDGE_MODEL"] = args.judge_model
         procs.append(
-            uvicorn_process("judge", "services.judge.app:create_app", PORTS["judge"],
+            uvicorn_process("judge", "services.judge.app:create_app", args.judge_port,
                             env=judge_env, log_path=logs / "judge.log", ready_path="/healthz")
         )  # fmt: skip
-        gateway_env["GATEWAY_JUDGE_URL"] = f"http://127.0.0.1:{PORTS['judge']}"
+        gateway_env["GATEWAY_JUDGE_URL"] = f"http://127.0.0.1:{args.judge_port}"
     procs.append(
         uvicorn_process("gateway", "services.gateway.app:create_app", args.gateway_port,
                         env=gateway_env, log_path=logs / "gateway.log")

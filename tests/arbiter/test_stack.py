@@ -1,0 +1,72 @@
+"""``arbiter up`` starts the real stack, scores GSM8K samples, and leaves nothing running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from arbiter.procs import free_port
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _up_argv(tmp_path: Path, gsm8k_dir: Path, *extra: str) -> tuple[list[str], list[int]]:
+    ports = [free_port() for _ in range(4)]
+    argv = [
+        sys.executable, "-m", "arbiter.cli", "up",
+        "--gateway-port", str(ports[0]), "--verify-port", str(ports[1]),
+        "--embedding-port", str(ports[2]), "--redis-port", str(ports[3]),
+        "--data", str(gsm8k_dir), "--samples", "2", "--logs", str(tmp_path / "logs"), *extra,
+    ]  # fmt: skip
+    return argv, ports
+
+
+def test_up_once_scores_samples_and_stops_everything(tmp_path: Path, gsm8k_dir: Path) -> None:
+    argv, ports = _up_argv(tmp_path, gsm8k_dir, "--once")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # The sample table: a correct, formatted response scores math 1.0 and format 1.0.
+    assert "recipe gsm8k-diverse" in done.stdout
+    assert "math_accuracy=1.0" in done.stdout and "format=1.0" in done.stdout
+    assert "Arbiter is up" in done.stdout
+    assert not any(_listening(p) for p in ports), "a child process outlived `arbiter up`"
+
+
+def test_up_stops_every_child_on_sigterm(tmp_path: Path, gsm8k_dir: Path) -> None:
+    argv, ports = _up_argv(tmp_path, gsm8k_dir, "--no-embedding")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + 240
+    for line in proc.stdout:
+        lines.append(line)
+        if "Ctrl-C stops everything" in line or time.monotonic() > deadline:
+            break
+    assert any("Arbiter is up" in line for line in lines), "".join(lines)
+    live = [p for i, p in enumerate(ports) if i != 2 and _listening(p)]
+    assert len(live) == 3  # gateway, verify, redis (embedding not started)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0
+    time.sleep(0.5)
+    assert not any(_listening(p) for p in ports), "a child process outlived SIGTERM"
+
+
+@pytest.mark.parametrize("busy_index", [0])
+def test_up_refuses_busy_ports(tmp_path: Path, gsm8k_dir: Path, busy_index: int) -> None:
+    argv, ports = _up_argv(tmp_path, gsm8k_dir, "--once")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports[busy_index]))
+        s.listen()
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "ports in use" in done.stderr
