@@ -26,6 +26,7 @@ ErrorKind = Literal[
     "internal",  # the component raised
     "invalid_reference",  # the reference could not be parsed into a value
     "group_too_small",  # a group-level component needs at least two responses
+    "empty_response",  # the response is empty or whitespace: nothing to embed (diversity)
     "judge_parse_error",  # the judge's text held no score
     "judge_no_label",  # neither Yes nor No in the judge's top log-probs
     "judge_unsupported",  # the judge server ignored a feature the component needs
