@@ -1,0 +1,116 @@
+"""Gateway app: ``uvicorn services.gateway.app:create_app --factory`` (port 8000)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from services.common.app import create_service_app, error_json
+from services.gateway.cache import Cache, LRUCache, NullCache, RedisCache
+from services.gateway.fanout import ComponentClient
+from services.gateway.recipes import RecipeBook
+from services.gateway.routes import router
+from services.gateway.scoring import Scorer
+from services.gateway.settings import GatewaySettings, get_settings
+
+log = logging.getLogger("arbiter.gateway")
+
+
+def build_cache(settings: GatewaySettings) -> Cache:
+    if not settings.cache_enabled:
+        return NullCache()
+    if settings.redis_url:
+        return RedisCache(
+            settings.redis_url,
+            ttl_s=settings.cache_ttl_s,
+            timeout_s=settings.redis_timeout_s,
+            max_connections=settings.redis_max_connections,
+            retry_s=settings.redis_retry_s,
+        )
+    return LRUCache(settings.cache_lru_size, settings.cache_ttl_s)
+
+
+def create_app(settings: GatewaySettings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    logging.getLogger("arbiter").setLevel(settings.log_level.upper())
+    book = RecipeBook(settings.recipes_file)  # a bad recipes file fails here, at start-up
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        cache = build_cache(settings)
+        client = ComponentClient(settings)
+        app.state.scorer = Scorer(book, cache, client, enabled=settings.cache_enabled)
+        log.info(
+            "gateway: cache=%s verify=%s embedding=%s judge=%s recipes=%s",
+            cache.kind, settings.verify_url, settings.embedding_url, settings.judge_url,
+            ", ".join(book.names - {"inline"}),
+        )  # fmt: skip
+        try:
+            yield
+        finally:
+            await client.close()
+            await cache.close()
+
+    async def ready(app: FastAPI) -> dict[str, str]:
+        scorer: Scorer = app.state.scorer
+        return await scorer.ready()
+
+    app = create_service_app(
+        service="gateway",
+        title="Arbiter gateway",
+        description="Rewards for GRPO rollout groups: recipes of components behind one API.",
+        router=router,
+        lifespan=lifespan,
+        ready=ready,
+    )
+    app.add_exception_handler(RequestValidationError, _validation_handler)
+    return app
+
+
+def _first_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
+    """(param, message) of the error to report, with pydantic's union tags taken out.
+
+    ``recipe`` is ``str | Recipe``: pydantic reports both branches (``recipe.str``,
+    ``recipe.Recipe.components.0.weight``); keep the branch the caller meant (an object
+    means an inline recipe) and name the field without the tag.
+    """
+    picked: list[tuple[list[Any], str]] = []
+    recipe_input: Any = None
+    for err in errors:
+        loc = [p for p in err.get("loc", ()) if p != "body"]
+        if loc[:2] == ["recipe", "str"]:
+            recipe_input = err.get("input")
+        picked.append((loc, str(err.get("msg", "invalid"))))
+    cleaned = []
+    for loc, msg in picked:
+        if loc[:2] == ["recipe", "str"]:
+            if isinstance(recipe_input, dict):
+                continue
+            loc, msg = ["recipe"], "give a recipe name (string) or an inline recipe object"
+        elif loc[:2] == ["recipe", "Recipe"]:
+            if not isinstance(recipe_input, dict) and recipe_input is not None:
+                continue
+            loc = ["recipe", *loc[2:]]
+        cleaned.append((loc, msg))
+    loc, msg = cleaned[0] if cleaned else picked[0]
+    return ".".join(str(p) for p in loc), msg
+
+
+async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    errors = list(exc.errors())
+    if not errors:
+        return error_json(422, "invalid_request_error", "invalid request", None, "validation_error")
+    if errors[0].get("type") == "json_invalid":
+        detail = (errors[0].get("ctx") or {}).get("error", "")
+        msg = f"the body is not valid JSON: {detail}".rstrip(": ")
+        return error_json(422, "invalid_request_error", msg, None, "invalid_json")
+    param, msg = _first_error(errors)
+    message = f"{param}: {msg}" if param else msg
+    return error_json(422, "invalid_request_error", message, param or None, "validation_error")

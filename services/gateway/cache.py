@@ -1,0 +1,195 @@
+"""Per-component score cache: Redis when ``REDIS_URL`` is set, else an in-process LRU.
+
+Values are opaque strings written by the fan-out (a float for a response-level score, a
+small JSON document for a group-level result). Only successful scores are ever written.
+Redis failures never fail a request: the cache is bypassed for ``redis_retry_s``, the
+error is counted (``arbiter_gateway_redis_errors_total``) and logged at most every 30 s,
+and the next call after the pause tries Redis again, so it recovers on its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from typing import Protocol
+
+from prometheus_client import Counter
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import RedisError
+
+log = logging.getLogger("arbiter.gateway.cache")
+
+REDIS_ERRORS = Counter(
+    "arbiter_gateway_redis_errors_total", "Redis operations that failed (cache bypassed).", ["op"]
+)
+CACHE_BYPASSED = Counter(
+    "arbiter_gateway_cache_bypassed_total",
+    "Cache lookups skipped because Redis failed recently (keys).",
+)
+
+Value = str | bytes
+LOG_EVERY_S = 30.0
+
+
+class Cache(Protocol):
+    kind: str
+
+    async def get_many(self, keys: list[str]) -> list[Value | None]: ...
+
+    async def set_many(self, items: list[tuple[str, str]]) -> None: ...
+
+    async def check(self) -> str: ...
+
+    async def close(self) -> None: ...
+
+
+class NullCache:
+    """GATEWAY_CACHE_ENABLED=false: every lookup misses, nothing is stored."""
+
+    kind = "off"
+
+    async def get_many(self, keys: list[str]) -> list[Value | None]:
+        return [None] * len(keys)
+
+    async def set_many(self, items: list[tuple[str, str]]) -> None:
+        return None
+
+    async def check(self) -> str:
+        return "ok"
+
+    async def close(self) -> None:
+        return None
+
+
+class LRUCache:
+    """In-process, per gateway process; bounded by entries, entries expire after the TTL."""
+
+    kind = "lru"
+
+    def __init__(self, max_entries: int, ttl_s: float):
+        self.max_entries = max_entries
+        self.ttl_s = ttl_s
+        self._data: OrderedDict[str, tuple[float, str]] = OrderedDict()
+
+    async def get_many(self, keys: list[str]) -> list[Value | None]:
+        now = time.monotonic()
+        out: list[Value | None] = []
+        data = self._data
+        for key in keys:
+            item = data.get(key)
+            if item is None:
+                out.append(None)
+            elif item[0] < now:
+                del data[key]
+                out.append(None)
+            else:
+                data.move_to_end(key)
+                out.append(item[1])
+        return out
+
+    async def set_many(self, items: list[tuple[str, str]]) -> None:
+        expires = time.monotonic() + self.ttl_s
+        data = self._data
+        for key, value in items:
+            data[key] = (expires, value)
+            data.move_to_end(key)
+        while len(data) > self.max_entries:
+            data.popitem(last=False)
+
+    async def check(self) -> str:
+        return "ok"
+
+    async def close(self) -> None:
+        self._data.clear()
+
+
+class RedisCache:
+    """redis.asyncio with a BlockingConnectionPool; one MGET per request, one pipelined SET."""
+
+    kind = "redis"
+
+    def __init__(
+        self, url: str, ttl_s: int, timeout_s: float, max_connections: int, retry_s: float
+    ):
+        pool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=timeout_s,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+        )
+        self.redis = Redis(connection_pool=pool)
+        self.ttl_s = ttl_s
+        self.timeout_s = timeout_s
+        self.retry_s = retry_s
+        self._down_until = 0.0
+        self._was_down = False
+        self._next_log = 0.0
+        self._suppressed = 0
+
+    def _bypass(self, n: int) -> bool:
+        if self._down_until and time.monotonic() < self._down_until:
+            CACHE_BYPASSED.inc(n)
+            return True
+        return False
+
+    def _failed(self, op: str, exc: BaseException) -> None:
+        REDIS_ERRORS.labels(op).inc()
+        now = time.monotonic()
+        self._down_until = now + self.retry_s
+        self._was_down = True
+        if now >= self._next_log:
+            log.warning(
+                "redis %s failed (%s: %s); cache bypassed, retrying after %.1fs "
+                "(%d more failures since the last warning)",
+                op, type(exc).__name__, exc, self.retry_s, self._suppressed,
+            )  # fmt: skip
+            self._next_log = now + LOG_EVERY_S
+            self._suppressed = 0
+        else:
+            self._suppressed += 1
+
+    def _succeeded(self) -> None:
+        if self._was_down:
+            self._was_down = False
+            self._down_until = 0.0
+            log.warning("redis reachable again; cache back on")
+
+    async def get_many(self, keys: list[str]) -> list[Value | None]:
+        if not keys or self._bypass(len(keys)):
+            return [None] * len(keys)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                values: list[Value | None] = await self.redis.mget(keys)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed("get", exc)
+            return [None] * len(keys)
+        self._succeeded()
+        return values
+
+    async def set_many(self, items: list[tuple[str, str]]) -> None:
+        if not items or self._bypass(0):
+            return
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                pipe = self.redis.pipeline(transaction=False)
+                for key, value in items:
+                    pipe.set(key, value, ex=self.ttl_s)
+                await pipe.execute()
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed("set", exc)
+            return
+        self._succeeded()
+
+    async def check(self) -> str:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await self.redis.ping()
+        except (RedisError, OSError, TimeoutError) as exc:
+            return f"degraded: redis unreachable ({type(exc).__name__}); scoring without cache"
+        return "ok"
+
+    async def close(self) -> None:
+        await self.redis.aclose()

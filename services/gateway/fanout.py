@@ -1,0 +1,161 @@
+"""Calls to the component services: one shared httpx client, bounded, with deadlines.
+
+``ComponentClient.call`` never raises for a component's failure: it returns either the
+parsed ``ComponentResponse`` or a ``CallFailure`` with the null kind to report
+(``unavailable`` for connection errors, 5xx and 429; ``timeout`` past the component's
+deadline or on a 504; ``bad_response`` for a body that is not the contract). A 4xx that
+names ``params`` is the caller's bad recipe params and comes back as ``bad_params``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from prometheus_client import Counter, Histogram
+from pydantic import ValidationError
+
+from proto.components import ComponentResponse
+from services.gateway.recipes import ComponentSpec
+from services.gateway.settings import SERVICES, GatewaySettings
+
+log = logging.getLogger("arbiter.gateway.fanout")
+
+COMPONENT_SECONDS = Histogram(
+    "arbiter_gateway_component_seconds",
+    "Latency of one component call (queueing for a slot included).",
+    ["component"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120),
+)
+COMPONENT_CALLS = Counter(
+    "arbiter_gateway_component_calls_total", "Component calls by outcome.", ["component", "outcome"]
+)
+
+JSON_HEADERS = {"content-type": "application/json"}
+
+
+@dataclass(frozen=True)
+class CallFailure:
+    kind: str  # ErrorKind, or "bad_params" (the caller's recipe params were refused)
+    message: str
+    param: str | None = None  # for bad_params: the offending field inside params
+
+
+CallResult = ComponentResponse | CallFailure
+
+
+def env_var(service: str) -> str:
+    return f"GATEWAY_{service.upper()}_URL"
+
+
+class ComponentClient:
+    """Owns the one ``httpx.AsyncClient`` and one concurrency slot pool per service."""
+
+    def __init__(self, settings: GatewaySettings):
+        self.settings = settings
+        per_service = settings.max_concurrency
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(settings.component_timeout_s, connect=settings.connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=per_service * len(SERVICES),
+                max_keepalive_connections=per_service * len(SERVICES),
+                keepalive_expiry=30.0,
+            ),
+        )
+        self.slots = {s: asyncio.Semaphore(per_service) for s in SERVICES}
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    def url(self, spec: ComponentSpec) -> str | None:
+        base = self.settings.service_url(spec.service)
+        return None if base is None else base + spec.path
+
+    async def call(self, spec: ComponentSpec, body: bytes) -> CallResult:
+        url = self.url(spec)
+        if url is None:
+            return CallFailure(
+                "unavailable",
+                f"component {spec.name!r} needs the {spec.service} service, which is not "
+                f"configured: set {env_var(spec.service)}",
+            )
+        timeout = self.settings.timeout_for(spec.name)
+        start = time.perf_counter()
+        try:
+            async with asyncio.timeout(timeout):
+                async with self.slots[spec.service]:
+                    resp = await self.client.post(
+                        url, content=body, headers=JSON_HEADERS, timeout=timeout
+                    )
+                    result = self._parse(spec, resp)
+        except (TimeoutError, httpx.TimeoutException):
+            result = CallFailure(
+                "timeout", f"{spec.name}: no answer from {url} within {timeout:g}s"
+            )
+        except httpx.HTTPError as exc:
+            result = CallFailure(
+                "unavailable", f"{spec.name}: {url} unreachable ({type(exc).__name__}: {exc})"
+            )
+        COMPONENT_SECONDS.labels(spec.name).observe(time.perf_counter() - start)
+        outcome = result.kind if isinstance(result, CallFailure) else "ok"
+        COMPONENT_CALLS.labels(spec.name, outcome).inc()
+        if isinstance(result, CallFailure) and result.kind != "bad_params":
+            log.warning("component call failed: %s", result.message)
+        return result
+
+    def _parse(self, spec: ComponentSpec, resp: httpx.Response) -> CallResult:
+        status = resp.status_code
+        if status == 200:
+            try:
+                parsed = ComponentResponse.model_validate_json(resp.content)
+            except ValidationError as exc:
+                return CallFailure(
+                    "bad_response", f"{spec.name}: body is not a ComponentResponse: {exc}"[:500]
+                )
+            return parsed
+        message = _error_message(resp)
+        where = f"{spec.name}: HTTP {status} from {resp.request.url}: {message}"
+        if status == 504:
+            return CallFailure("timeout", where)
+        if status >= 500 or status == 429:
+            return CallFailure("unavailable", where)
+        param = _error_param(resp)
+        if status in (400, 422) and param is not None and param.split(".")[0] == "params":
+            return CallFailure("bad_params", message, param=param)
+        return CallFailure("bad_response", where)
+
+    async def ready(self, service: str) -> str:
+        base = self.settings.service_url(service)
+        if base is None:
+            return f"not configured (set {env_var(service)})"
+        try:
+            resp = await self.client.get(f"{base}/readyz", timeout=2.0)
+        except httpx.HTTPError as exc:
+            return f"{base} unreachable ({type(exc).__name__})"
+        if resp.status_code != 200:
+            return f"{base}/readyz answered HTTP {resp.status_code}"
+        return "ok"
+
+
+def _error_body(resp: httpx.Response) -> dict[str, Any]:
+    try:
+        body = json.loads(resp.content)
+    except ValueError:
+        return {}
+    err = body.get("error") if isinstance(body, dict) else None
+    return err if isinstance(err, dict) else {}
+
+
+def _error_message(resp: httpx.Response) -> str:
+    msg = _error_body(resp).get("message")
+    return str(msg) if msg else resp.text[:300]
+
+
+def _error_param(resp: httpx.Response) -> str | None:
+    param = _error_body(resp).get("param")
+    return str(param) if param else None

@@ -1,0 +1,187 @@
+"""Recipes (weighted sums of components), their fingerprints, and the component registry.
+
+A recipe's fingerprint is ``"sha256:" + sha256(canonical JSON)`` of its components
+(``[{"name", "weight", "params"}]`` in recipe order, keys sorted, no whitespace). The
+recipe's *name* is not part of it: the fingerprint identifies the reward function, so a
+named recipe and the same components given inline share one fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from proto.components import Granularity
+from proto.gateway import Recipe, RecipeComponent, RecipeRef
+from proto.verify import FormatParams, MathParams
+from services.common.errors import Unprocessable
+
+
+@dataclass(frozen=True)
+class ComponentSpec:
+    """Where a component lives and how it is cached (per response or per whole group)."""
+
+    name: str
+    service: str  # verify | embedding | judge: picks GATEWAY_<SERVICE>_URL
+    path: str
+    granularity: Granularity
+    params_model: type[BaseModel] | None = None  # validated at the gateway when known
+
+
+COMPONENTS: dict[str, ComponentSpec] = {
+    spec.name: spec
+    for spec in (
+        ComponentSpec("math_accuracy", "verify", "/v1/math", "response", MathParams),
+        ComponentSpec("format", "verify", "/v1/format", "response", FormatParams),
+        ComponentSpec("diversity", "embedding", "/v1/diversity", "group"),
+        ComponentSpec("judge_quality", "judge", "/v1/quality", "response"),
+        ComponentSpec("judge_verifier", "judge", "/v1/verifier", "response"),
+    )
+}
+
+
+def _c(name: str, weight: float) -> RecipeComponent:
+    return RecipeComponent(name=name, weight=weight, params={})
+
+
+BUILTIN_RECIPES: tuple[Recipe, ...] = (
+    Recipe(name="gsm8k", components=[_c("math_accuracy", 1.0), _c("format", 0.5)]),
+    Recipe(
+        name="gsm8k-diverse",
+        components=[_c("math_accuracy", 1.0), _c("format", 0.5), _c("diversity", 0.3)],
+    ),
+    Recipe(
+        name="gsm8k-dj",
+        components=[_c("math_accuracy", 1.0), _c("format", 0.5), _c("judge_quality", 0.3)],
+    ),
+    Recipe(name="gsm8k-verifier", components=[_c("judge_verifier", 1.0), _c("format", 0.2)]),
+)
+
+
+def canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def fingerprint(components: list[RecipeComponent]) -> str:
+    body = [{"name": c.name, "weight": c.weight, "params": c.params} for c in components]
+    digest = hashlib.sha256(canonical_json({"components": body}).encode()).hexdigest()
+    return f"sha256:{digest}"
+
+
+@dataclass(frozen=True)
+class BoundComponent:
+    """One component of a resolved recipe: its spec, weight and canonical params."""
+
+    spec: ComponentSpec
+    weight: float
+    params: dict[str, Any]
+    params_json: str  # canonical: part of every cache key
+
+
+@dataclass(frozen=True)
+class ResolvedRecipe:
+    ref: RecipeRef
+    components: tuple[BoundComponent, ...]
+    ref_json: dict[str, Any]  # pre-dumped for the response
+
+
+def resolve(recipe: Recipe, where: str = "recipe") -> ResolvedRecipe:
+    """Check a recipe against the registry; raise 422 naming the offending field."""
+    bound: list[BoundComponent] = []
+    seen: set[str] = set()
+    for i, comp in enumerate(recipe.components):
+        at = f"{where}.components.{i}"
+        spec = COMPONENTS.get(comp.name)
+        if spec is None:
+            raise Unprocessable(
+                f"{at}.name: unknown component {comp.name!r}; known: {', '.join(COMPONENTS)}",
+                param=f"{at}.name",
+                code="unknown_component",
+            )
+        if comp.name in seen:
+            raise Unprocessable(
+                f"{at}.name: component {comp.name!r} appears twice in the recipe",
+                param=f"{at}.name",
+                code="duplicate_component",
+            )
+        seen.add(comp.name)
+        if spec.params_model is not None:
+            try:
+                spec.params_model.model_validate(comp.params)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                sub = ".".join(str(p) for p in err["loc"])
+                param = f"{at}.params" + (f".{sub}" if sub else "")
+                raise Unprocessable(
+                    f"{param}: {err['msg']}", param=param, code="invalid_params"
+                ) from None
+        bound.append(BoundComponent(spec, comp.weight, comp.params, canonical_json(comp.params)))
+    ref = RecipeRef(
+        name=recipe.name, fingerprint=fingerprint(recipe.components), components=recipe.components
+    )
+    return ResolvedRecipe(ref=ref, components=tuple(bound), ref_json=ref.model_dump(mode="json"))
+
+
+def load_yaml(path: Path) -> list[Recipe]:
+    """``recipes: [{name, components: [{name, weight, params}]}]``; errors say where."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"recipes file {path}: cannot read YAML: {exc}") from exc
+    if not isinstance(doc, dict) or not isinstance(doc.get("recipes"), list):
+        raise ValueError(f"recipes file {path}: expected a mapping with a list under 'recipes:'")
+    out = []
+    for i, item in enumerate(doc["recipes"]):
+        try:
+            recipe = Recipe.model_validate(item)
+        except ValidationError as exc:
+            raise ValueError(f"recipes file {path}: recipes[{i}]: {exc}") from exc
+        if "name" not in (item or {}):
+            raise ValueError(f"recipes file {path}: recipes[{i}] needs a name")
+        out.append(recipe)
+    return out
+
+
+class RecipeBook:
+    """Named recipes, resolved once at start-up (a bad file fails the start, not a request)."""
+
+    def __init__(self, recipes_file: Path | None = None):
+        self._named: dict[str, ResolvedRecipe] = {}
+        for recipe in BUILTIN_RECIPES:
+            self._named[recipe.name] = resolve(recipe)
+        if recipes_file is not None:
+            for i, recipe in enumerate(load_yaml(recipes_file)):
+                if recipe.name in self._named:
+                    raise ValueError(
+                        f"recipes file {recipes_file}: recipes[{i}] redefines {recipe.name!r}; "
+                        "built-in and earlier recipes cannot be replaced, pick another name"
+                    )
+                try:
+                    self._named[recipe.name] = resolve(recipe, where=f"recipes[{i}]")
+                except Unprocessable as exc:
+                    raise ValueError(f"recipes file {recipes_file}: {exc.message}") from None
+
+    def get(self, recipe: str | Recipe) -> ResolvedRecipe:
+        if isinstance(recipe, Recipe):
+            return resolve(recipe)
+        found = self._named.get(recipe)
+        if found is None:
+            raise Unprocessable(
+                f"recipe: unknown recipe {recipe!r}; known: {', '.join(self._named)}",
+                param="recipe",
+                code="unknown_recipe",
+            )
+        return found
+
+    @property
+    def names(self) -> frozenset[str]:
+        return frozenset(self._named) | {"inline"}
+
+    def refs(self) -> list[RecipeRef]:
+        return [r.ref for r in self._named.values()]

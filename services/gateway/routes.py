@@ -1,0 +1,35 @@
+"""Gateway routes: parse, call the scorer built at start-up, return its pre-serialised body."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from proto.gateway import RecipeList, ScoreRequest, ScoreResponse
+from services.gateway.scoring import Scorer
+
+router = APIRouter(tags=["score"])
+
+
+def _scorer(request: Request) -> Scorer:
+    scorer: Scorer = request.app.state.scorer
+    return scorer
+
+
+ScorerDep = Annotated[Scorer, Depends(_scorer)]
+
+
+@router.post(
+    "/v1/score",
+    response_model=ScoreResponse,
+    summary="Score rollout groups with a named or inline recipe",
+)
+async def score(body: ScoreRequest, scorer: ScorerDep) -> Response:
+    return Response(await scorer.score(body), media_type="application/json")
+
+
+@router.get("/v1/recipes", response_model=RecipeList, summary="The named recipes")
+async def recipes(scorer: ScorerDep) -> RecipeList:
+    return RecipeList(recipes=scorer.book.refs())

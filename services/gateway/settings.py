@@ -1,0 +1,135 @@
+"""Gateway settings (``GATEWAY_*``, plus ``REDIS_URL``): read once, checked at start-up."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from services.common.settings import ServiceSettings
+
+SERVICES = ("verify", "embedding", "judge")
+
+
+class GatewaySettings(ServiceSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="GATEWAY_", extra="ignore", frozen=True, populate_by_name=True
+    )
+
+    port: int = Field(default=8000, ge=1, le=65535, description="Bind port.")
+    verify_url: str | None = Field(
+        default="http://127.0.0.1:8001",
+        description="Verify service base URL (math_accuracy, format); empty = not configured.",
+    )
+    embedding_url: str | None = Field(
+        default=None, description="Embedding service base URL (diversity); unset = not configured."
+    )
+    judge_url: str | None = Field(
+        default=None,
+        description="Judge service base URL (judge_quality, judge_verifier); unset = off.",
+    )
+    recipes_file: Path | None = Field(
+        default=None, description="YAML file with extra recipes (added to the built-in ones)."
+    )
+    component_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="Deadline of one component call, queueing included.",
+    )
+    component_timeouts: dict[str, float] = Field(
+        default_factory=lambda: {"judge_quality": 120.0, "judge_verifier": 60.0},
+        description='Per-component overrides as JSON, e.g. {"judge_quality": 120}.',
+    )
+    connect_timeout_s: float = Field(default=2.0, gt=0, le=60, description="TCP connect timeout.")
+    max_concurrency: int = Field(
+        default=64, ge=1, le=4096, description="In-flight calls per component service."
+    )
+    batch_groups: int = Field(
+        default=64, ge=1, le=1024, description="At most this many groups per component call."
+    )
+    batch_responses: int = Field(
+        default=512, ge=1, le=65536, description="At most this many responses per component call."
+    )
+    redis_url: str | None = Field(
+        default=None,
+        validation_alias="REDIS_URL",
+        description="REDIS_URL (no prefix): Redis cache; unset = in-process LRU.",
+    )
+    redis_timeout_s: float = Field(
+        default=0.5, gt=0, le=30, description="Redis socket/operation timeout."
+    )
+    redis_max_connections: int = Field(default=64, ge=1, le=10_000)
+    redis_retry_s: float = Field(
+        default=1.0, ge=0, le=300, description="After a Redis error, bypass it for this long."
+    )
+    cache_enabled: bool = Field(default=True, description="false: no caching at all.")
+    cache_ttl_s: int = Field(default=7 * 24 * 3600, ge=1, description="Cache entry lifetime.")
+    cache_lru_size: int = Field(
+        default=100_000, ge=1, description="Entries of the in-process LRU (when no REDIS_URL)."
+    )
+
+    @field_validator("verify_url", "embedding_url", "judge_url", mode="before")
+    @classmethod
+    def _url(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+            raise ValueError(
+                f"{value!r} is not an http(s) URL; set e.g. GATEWAY_VERIFY_URL=http://127.0.0.1:8001"
+            )
+        return value.rstrip("/")
+
+    @field_validator("redis_url", mode="before")
+    @classmethod
+    def _redis(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"REDIS_URL={value!r} is not a Redis URL; use redis://HOST:PORT/DB or unset it"
+            )
+        return value
+
+    @field_validator("recipes_file")
+    @classmethod
+    def _recipes_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(
+                f"GATEWAY_RECIPES_FILE={value} does not exist; point it at a YAML file or unset it"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _timeouts(self) -> GatewaySettings:
+        from services.gateway.recipes import COMPONENTS
+
+        for name, seconds in self.component_timeouts.items():
+            if name not in COMPONENTS:
+                raise ValueError(
+                    f"GATEWAY_COMPONENT_TIMEOUTS names unknown component {name!r}; "
+                    f"known: {', '.join(COMPONENTS)}"
+                )
+            if not 0 < seconds <= 3600:
+                raise ValueError(
+                    f"GATEWAY_COMPONENT_TIMEOUTS[{name!r}]={seconds} must be in (0, 3600]"
+                )
+        return self
+
+    def service_url(self, service: str) -> str | None:
+        return {
+            "verify": self.verify_url,
+            "embedding": self.embedding_url,
+            "judge": self.judge_url,
+        }[service]
+
+    def timeout_for(self, component: str) -> float:
+        return self.component_timeouts.get(component, self.component_timeout_s)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> GatewaySettings:
+    return GatewaySettings()
