@@ -1,0 +1,1 @@
+"""Verify service: ``math_accuracy`` (math-verify in a process pool) and ``format``."""

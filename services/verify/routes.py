@@ -1,0 +1,34 @@
+"""Verify routes: parse, call the handler on ``app.state``, return."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+
+from proto.components import ComponentResponse
+from proto.verify import FormatRequest, MathRequest
+from services.verify.scoring import Verifier
+
+router = APIRouter(prefix="/v1", tags=["verify"])
+
+
+def get_verifier(request: Request) -> Verifier:
+    verifier: Verifier = request.app.state.verifier
+    return verifier
+
+
+VerifierDep = Annotated[Verifier, Depends(get_verifier)]
+
+
+@router.post("/math", response_model=ComponentResponse, summary="math_accuracy per response")
+async def math(req: MathRequest, verifier: VerifierDep) -> ComponentResponse:
+    """1.0 when the response's final answer equals the reference, 0.0 when not, null + an
+    error (timeout, invalid_reference, internal) when it could not be decided."""
+    return await verifier.math(req)
+
+
+@router.post("/format", response_model=ComponentResponse, summary="format per response")
+async def format_(req: FormatRequest, verifier: VerifierDep) -> ComponentResponse:
+    """``<think>…</think><answer>…</answer>`` check; strict (0/1) or partial (quarters)."""
+    return verifier.format(req)

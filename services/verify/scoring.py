@@ -1,0 +1,207 @@
+"""The verify service's work: ``math_accuracy`` and ``format`` over component requests.
+
+Importable without FastAPI. ``Verifier`` is built once at start-up (it owns the worker
+pool). Extraction and the numeric fast path run here, in the service process (linear-time
+scans, bounded number sizes); everything that needs math-verify goes to the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+
+from proto.components import ComponentGroupResult, ComponentResponse, ComponentUsage, ItemError
+from proto.verify import FormatRequest, MathRequest
+from services.common.errors import PayloadTooLarge
+from services.verify.extract import (
+    INFO_CHARS,
+    extract_answer,
+    numbers_equal,
+    reference_value,
+    to_number,
+)
+from services.verify.formatting import format_score
+from services.verify.pool import WorkerPool
+from services.verify.settings import VerifySettings
+from services.verify.worker import Item, ItemResult
+
+log = logging.getLogger("arbiter.verify")
+
+ITEMS = Counter(
+    "verify_items_total", "Items scored, by component and outcome.", ["component", "outcome"]
+)
+ITEM_ERRORS = Counter("verify_item_errors_total", "Null scores, by error kind.", ["kind"])
+PATHS = Counter(
+    "verify_math_path_total",
+    "How math items were decided: fast_path (numbers, in-process), pool (math-verify), "
+    "no_answer, conflict.",
+    ["path"],
+)
+
+# Slack on top of the per-item deadlines before a request gives up on queued items.
+_REQUEST_SLACK_S = 30.0
+
+
+@dataclass
+class _Slot:
+    """One response's score while a request is being assembled."""
+
+    score: float | None = None
+    kind: str | None = None
+    message: str = ""
+    pending: int = -1  # index into the request's pool futures, or -1
+
+
+def _outcome(score: float | None) -> str:
+    if score is None:
+        return "null"
+    return "correct" if score == 1.0 else "wrong"
+
+
+class Verifier:
+    def __init__(self, settings: VerifySettings) -> None:
+        self.settings = settings
+        self.pool = WorkerPool(
+            size=settings.workers,
+            deadline_s=settings.deadline_s,
+            mv_timeout_s=settings.mv_timeout,
+            max_chunk=settings.max_chunk,
+            start_method=settings.start_method,
+        )
+
+    async def start(self) -> None:
+        await self.pool.start()
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    def ready(self) -> dict[str, str]:
+        alive, size = self.pool.alive, self.pool.size
+        return {"pool": "ok" if alive == size else f"{alive}/{size} math workers alive"}
+
+    # ------------------------------------------------------------------ math_accuracy
+
+    async def math(self, req: MathRequest) -> ComponentResponse:
+        start = time.perf_counter()
+        n_items = sum(len(g.responses) for g in req.groups)
+        if n_items > self.settings.max_items:
+            raise PayloadTooLarge(
+                f"{n_items} responses in one request; the limit is {self.settings.max_items} "
+                "(VERIFY_MAX_ITEMS): split the request",
+                param="groups",
+            )
+        rel_tol = req.params.rel_tolerance
+        fast = self.settings.fast_path
+        items: list[Item] = []
+        groups: list[tuple[list[_Slot], int, list[str | None], list[int]]] = []
+        for group in req.groups:
+            gold = reference_value(group.reference)
+            slots = [_Slot() for _ in group.responses]
+            answers: list[str | None] = [None] * len(slots)
+            conflicts: list[int] = []
+            ref_check = -1
+            if gold is None:
+                for s in slots:
+                    s.kind, s.message = "invalid_reference", "no reference value given"
+                groups.append((slots, ref_check, answers, conflicts))
+                continue
+            g_num = to_number(gold)
+            if g_num is None:  # only math-verify can tell whether this reference parses
+                ref_check = len(items)
+                items.append((gold, gold, rel_tol, True))
+            for i, response in enumerate(group.responses):
+                ex = extract_answer(response)
+                slot = slots[i]
+                if ex.status != "ok":
+                    slot.score = 0.0
+                    PATHS.labels("conflict" if ex.status == "conflict" else "no_answer").inc()
+                    if ex.status == "conflict":
+                        conflicts.append(i)
+                    continue
+                answers[i] = ex.text.strip()[:INFO_CHARS]
+                p_num = to_number(ex.text) if fast and g_num is not None else None
+                if g_num is not None and p_num is not None:
+                    slot.score = 1.0 if numbers_equal(g_num, p_num, rel_tol) else 0.0
+                    PATHS.labels("fast_path").inc()
+                    continue
+                slot.pending = len(items)
+                items.append((gold, ex.text, rel_tol, not fast))
+                PATHS.labels("pool").inc()
+            groups.append((slots, ref_check, answers, conflicts))
+
+        results = await self._run(items)
+        out: list[ComponentGroupResult] = []
+        for group, (slots, ref_check, answers, conflicts) in zip(req.groups, groups, strict=True):
+            ref_error = None
+            if ref_check >= 0 and results[ref_check][0] is None:
+                ref_error = results[ref_check]
+            scores: list[float | None] = []
+            errors: list[ItemError] = []
+            for i, slot in enumerate(slots):
+                score, kind, message = slot.score, slot.kind, slot.message
+                if ref_error is not None:
+                    score, kind, message = ref_error
+                elif slot.pending >= 0:
+                    score, kind, message = results[slot.pending]
+                if score is None:
+                    kind = kind or "internal"
+                    errors.append(ItemError(index=i, kind=kind, message=message))
+                    ITEM_ERRORS.labels(kind).inc()
+                scores.append(score)
+                ITEMS.labels("math_accuracy", _outcome(score)).inc()
+            info: dict[str, object] = {"answers": answers}
+            if conflicts:
+                info["conflicts"] = conflicts
+            out.append(ComponentGroupResult(id=group.id, scores=scores, errors=errors, info=info))
+        return ComponentResponse(
+            component="math_accuracy",
+            groups=out,
+            usage=ComponentUsage(items=n_items, elapsed_ms=(time.perf_counter() - start) * 1e3),
+        )
+
+    async def _run(self, items: list[Item]) -> list[ItemResult]:
+        """Score items in the pool; never waits past a bound, whatever the pool does."""
+        if not items:
+            return []
+        futures = self.pool.submit(items)
+        waves = math.ceil((len(items) + self.pool.queued) / max(1, self.pool.size))
+        bound = waves * self.settings.deadline_s * 2 + _REQUEST_SLACK_S
+        try:
+            _, pending = await asyncio.wait(futures, timeout=bound)
+        except asyncio.CancelledError:
+            for f in futures:
+                f.cancel()  # the pool skips items nobody waits for
+            raise
+        for f in pending:
+            f.cancel()
+        if pending:
+            log.error("%d math items still queued after %.0f s", len(pending), bound)
+        return [
+            f.result()
+            if f.done() and not f.cancelled()
+            else (None, "timeout", "not scored in time: the pool is overloaded or down")
+            for f in futures
+        ]
+
+    # ------------------------------------------------------------------ format
+
+    def format(self, req: FormatRequest) -> ComponentResponse:
+        start = time.perf_counter()
+        out: list[ComponentGroupResult] = []
+        n_items = 0
+        for group in req.groups:
+            scores: list[float | None] = [format_score(r, req.params) for r in group.responses]
+            n_items += len(scores)
+            for s in scores:
+                ITEMS.labels("format", _outcome(s)).inc()
+            out.append(ComponentGroupResult(id=group.id, scores=scores))
+        return ComponentResponse(
+            component="format",
+            groups=out,
+            usage=ComponentUsage(items=n_items, elapsed_ms=(time.perf_counter() - start) * 1e3),
+        )

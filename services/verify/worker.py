@@ -1,0 +1,128 @@
+"""What runs inside a pool worker process: math-verify with its own timeouts on.
+
+A worker receives a chunk of items ``(gold, pred, rel_tolerance)`` over its pipe, scores
+them one by one and sends back one message with all results. Before each item it writes
+``(start time, item index)`` into a shared array, so the parent can tell which item
+overran its wall-clock deadline without a message per item.
+
+This module is preloaded in the forkserver, so math-verify and sympy are imported once and
+a replacement worker starts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from functools import lru_cache
+from itertools import product
+from multiprocessing.connection import Connection
+from typing import Any
+
+from math_verify import parse, verify
+from math_verify.errors import TimeoutException
+
+from services.verify.extract import latex_wrap, looks_like_text, numbers_equal, to_number
+
+# (score, error kind, message): score None ⇔ kind set.
+ItemResult = tuple[float | None, str | None, str]
+Item = tuple[str, str, float, bool]  # gold, pred, rel_tolerance, always_mv
+
+# math-verify logs a warning for every timeout; we report them as results instead.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+
+class _ItemTimeout(Exception):
+    pass
+
+
+def _parse(text: str, timeout_s: int, gold: bool) -> list[Any]:
+    try:
+        return list(
+            parse(
+                latex_wrap(text),
+                fallback_mode="no_fallback" if gold else "first_match",
+                parsing_timeout=timeout_s,
+                raise_on_error=True,
+            )
+        )
+    except TimeoutException as exc:
+        raise _ItemTimeout("math-verify timed out parsing") from exc
+    except Exception:  # math-verify raising on odd input means "nothing parsed"
+        return []
+
+
+@lru_cache(maxsize=256)
+def _parse_gold(gold: str, timeout_s: int) -> tuple[Any, ...]:
+    return tuple(_parse(gold, timeout_s, gold=True))
+
+
+def _mv_equal(gold: tuple[Any, ...], pred: list[Any], timeout_s: int) -> bool:
+    """Gold first, each pair under its own math-verify timeout."""
+    timed_out = False
+    for g, p in product(gold, pred):
+        try:
+            if verify(g, p, timeout_seconds=timeout_s, raise_on_error=True):
+                return True
+        except TimeoutException:
+            timed_out = True
+        except Exception:  # a comparison that raises is not a match
+            continue
+    if timed_out:
+        raise _ItemTimeout("math-verify timed out comparing")
+    return False
+
+
+def score_item(
+    gold: str, pred: str, rel_tolerance: float, timeout_s: int, always_mv: bool = False
+) -> ItemResult:
+    """1.0 / 0.0, or null with a kind. Equal as numbers (our normalisation) or equal for
+    math-verify counts as equal. ``always_mv`` runs math-verify even when the numbers
+    already agree (the benchmark's no-fast-path mode)."""
+    g_num, p_num = to_number(gold), to_number(pred)
+    numeric = g_num is not None and p_num is not None
+    num_equal = (
+        g_num is not None and p_num is not None and numbers_equal(g_num, p_num, rel_tolerance)
+    )
+    if num_equal and not always_mv:
+        return 1.0, None, ""
+    try:
+        gold_parsed = _parse_gold(gold, timeout_s)
+        if g_num is None and (not gold_parsed or looks_like_text(gold)):
+            return None, "invalid_reference", f"reference {gold[:64]!r} is not a math value"
+        pred_parsed = _parse(pred, timeout_s, gold=False) if gold_parsed else []
+        mv_equal = bool(pred_parsed) and _mv_equal(gold_parsed, pred_parsed, timeout_s)
+        return (1.0 if mv_equal or num_equal else 0.0), None, ""
+    except _ItemTimeout as exc:
+        if numeric:  # both plain numbers: their comparison stands
+            return (1.0 if num_equal else 0.0), None, ""
+        return None, "timeout", f"{exc} (limit {timeout_s}s per step)"
+    except RecursionError:
+        return None, "internal", "expression too deeply nested"
+
+
+def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
+    """Serve chunks until the pipe closes or ``None`` arrives."""
+    # The parent coordinates shutdown: ignore Ctrl-C's SIGINT, die on SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    conn.send(("ready", None))
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        chunk_id, items = msg
+        results: list[ItemResult] = []
+        for i, (gold, pred, rel_tol, always_mv) in enumerate(items):
+            shared[1] = time.monotonic()  # start time first, then the index (see pool.py)
+            shared[0] = float(i)
+            try:
+                results.append(score_item(gold, pred, rel_tol, timeout_s, always_mv))
+            except Exception as exc:  # never let one item take the worker down
+                results.append((None, "internal", f"{type(exc).__name__}: {exc}"[:200]))
+        shared[1] = time.monotonic()  # "sending": index past the end
+        shared[0] = float(len(items))
+        conn.send((chunk_id, results))
