@@ -1,0 +1,1 @@
+"""Judge service: LLM-as-judge rewards (rubric quality, Yes/No verifier probability)."""

@@ -1,0 +1,43 @@
+"""Judge app: ``uvicorn services.judge.app:create_app --factory`` (port 8003)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from services.common.app import create_service_app
+from services.judge.routes import router
+from services.judge.scoring import Judge
+from services.judge.settings import JudgeSettings, get_settings
+
+log = logging.getLogger("arbiter.judge")
+
+
+def create_app(settings: JudgeSettings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        logging.getLogger("arbiter").setLevel(settings.log_level.upper())
+        app.state.judge = Judge(settings)
+        log.info("judge: %s model=%s", settings.base_url, settings.model or "(first listed)")
+        try:
+            yield
+        finally:
+            await app.state.judge.aclose()
+
+    async def ready(app: FastAPI) -> dict[str, str]:
+        judge: Judge = app.state.judge
+        return await judge.readiness()
+
+    return create_service_app(
+        service="judge",
+        title="Arbiter judge",
+        description="LLM-as-judge rewards through an OpenAI-compatible server (vLLM).",
+        router=router,
+        lifespan=lifespan,
+        ready=ready,
+    )

@@ -1,0 +1,218 @@
+"""The one boundary to the judge server: a shared ``httpx.AsyncClient`` with bounded
+concurrency, a deadline per call, and retries with jittered exponential back-off.
+
+Outside failures leave this module as one of three exceptions whose ``kind`` is the
+wire ``ErrorKind`` the item gets: ``timeout`` (past the deadline), ``unavailable``
+(connection refused/reset, 429 or 5xx after the retries), ``bad_response`` (another
+4xx, or a body that is not a chat completion).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from typing import Any
+
+import httpx
+from prometheus_client import Counter, Histogram
+
+from proto.components import ErrorKind
+from services.judge.settings import JudgeSettings
+
+log = logging.getLogger("arbiter.judge")
+
+UPSTREAM_SECONDS = Histogram(
+    "arbiter_judge_upstream_seconds",
+    "Judge server call latency (one attempt) by component and outcome.",
+    ["component", "outcome"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+RETRIES = Counter(
+    "arbiter_judge_upstream_retries_total", "Retried judge server calls.", ["component", "reason"]
+)
+FAILURES = Counter(
+    "arbiter_judge_upstream_failures_total",
+    "Judge server calls that failed for good, by kind.",
+    ["component", "kind"],
+)
+TOKENS = Counter(
+    "arbiter_judge_tokens_total",
+    "Tokens the judge server reports: prompt, completion, and cached prompt tokens.",
+    ["component", "type"],
+)
+
+
+class UpstreamError(Exception):
+    kind: ErrorKind = "unavailable"
+
+
+class UpstreamTimeout(UpstreamError):
+    kind = "timeout"
+
+
+class UpstreamUnavailable(UpstreamError):
+    kind = "unavailable"
+
+
+class UpstreamRejected(UpstreamError):
+    """A 4xx other than 429 (e.g. prompt too long), or a body that is not the contract."""
+
+    kind = "bad_response"
+
+    def __init__(self, message: str, status: int = 0, body: Any = None):
+        super().__init__(message)
+        self.status = status
+        self.body = body
+
+
+def _error_text(resp: httpx.Response) -> str:
+    try:
+        body = resp.json()
+        err = body.get("error", body) if isinstance(body, dict) else body
+        msg = err.get("message", err) if isinstance(err, dict) else err
+        return f"HTTP {resp.status_code}: {str(msg)[:500]}"
+    except ValueError:
+        return f"HTTP {resp.status_code}: {resp.text[:500]}"
+
+
+class ChatClient:
+    """Calls ``{base_url}/chat/completions`` and ``{base_url}/models``."""
+
+    def __init__(self, settings: JudgeSettings, transport: httpx.AsyncBaseTransport | None = None):
+        self.settings = settings
+        headers = {}
+        key = settings.api_key.get_secret_value()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        limits = httpx.Limits(
+            max_connections=settings.max_concurrency,
+            max_keepalive_connections=settings.max_concurrency,
+        )
+        self._http = httpx.AsyncClient(
+            base_url=settings.base_url + "/",
+            headers=headers,
+            limits=limits,
+            timeout=httpx.Timeout(settings.timeout_s, connect=settings.connect_timeout_s),
+            transport=transport,
+        )
+        self._sem = asyncio.Semaphore(settings.max_concurrency)
+        self._model: str | None = settings.model or None
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def list_models(self, wait_s: float = 5.0) -> list[str]:
+        resp = await self._http.get("models", timeout=wait_s)
+        if resp.status_code != 200:
+            raise UpstreamUnavailable(_error_text(resp))
+        data = resp.json().get("data", [])
+        return [str(m.get("id")) for m in data if isinstance(m, dict)]
+
+    async def model(self) -> str:
+        """The configured model, or the first one the server lists (cached once found)."""
+        if self._model is None:
+            try:
+                models = await self.list_models()
+            except httpx.HTTPError as exc:
+                raise UpstreamUnavailable(f"listing models: {type(exc).__name__}: {exc}") from exc
+            if not models:
+                raise UpstreamUnavailable("the judge server lists no models")
+            self._model = models[0]
+            log.info("judge model: %s (first listed by %s)", self._model, self.settings.base_url)
+        return self._model
+
+    def _backoff(self, attempt: int, retry_after: str | None) -> float:
+        s = self.settings
+        delay = min(s.backoff_max_s, s.backoff_s * (2**attempt)) * random.uniform(0.5, 1.0)
+        if retry_after:
+            with contextlib.suppress(ValueError):
+                delay = max(delay, min(float(retry_after), s.backoff_max_s))
+        return delay
+
+    async def chat(
+        self, payload: dict[str, Any], component: str, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """POST one chat completion; the whole call (retries included) has one deadline."""
+        try:
+            return await self._chat(payload, component, timeout_s)
+        except UpstreamError as exc:
+            FAILURES.labels(component, exc.kind).inc()
+            raise
+
+    async def _chat(
+        self, payload: dict[str, Any], component: str, timeout_s: float | None
+    ) -> dict[str, Any]:
+        s = self.settings
+        budget = timeout_s or s.timeout_s
+        deadline = time.monotonic() + budget
+        body = {"model": await self.model(), **payload}
+        last: UpstreamError = UpstreamUnavailable("no attempt made")
+        for attempt in range(s.max_retries + 1):
+            retry_after = None
+            async with self._sem:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                start = time.perf_counter()
+                outcome = "ok"
+                try:
+                    resp = await self._http.post(
+                        "chat/completions",
+                        json=body,
+                        timeout=httpx.Timeout(
+                            remaining, connect=min(remaining, s.connect_timeout_s)
+                        ),
+                    )
+                except httpx.TimeoutException as exc:
+                    outcome = "timeout"
+                    last = UpstreamTimeout(
+                        f"judge server did not answer within {budget:g}s ({type(exc).__name__})"
+                    )
+                    break
+                except httpx.TransportError as exc:
+                    outcome = "connection_error"
+                    last = UpstreamUnavailable(f"judge server unreachable: {type(exc).__name__}")
+                else:
+                    if resp.status_code == 200:
+                        try:
+                            data = resp.json()
+                        except ValueError as exc:
+                            outcome = "bad_response"
+                            raise UpstreamRejected("judge server sent non-JSON", 200) from exc
+                        if not isinstance(data, dict) or not data.get("choices"):
+                            outcome = "bad_response"
+                            raise UpstreamRejected("judge reply has no choices", 200, data)
+                        self._count_tokens(component, data)
+                        return data
+                    outcome = f"http_{resp.status_code}"
+                    if resp.status_code == 429 or resp.status_code >= 500:
+                        last = UpstreamUnavailable(_error_text(resp))
+                        retry_after = resp.headers.get("retry-after")
+                    else:
+                        raise UpstreamRejected(_error_text(resp), resp.status_code, resp.text)
+                finally:
+                    UPSTREAM_SECONDS.labels(component, outcome).observe(time.perf_counter() - start)
+            if attempt == s.max_retries:
+                break
+            delay = self._backoff(attempt, retry_after)
+            if time.monotonic() + delay >= deadline:
+                last = UpstreamTimeout(
+                    f"judge server not answering within {budget:g}s (last: {last})"
+                )
+                break
+            RETRIES.labels(component, type(last).__name__).inc()
+            await asyncio.sleep(delay)
+        if time.monotonic() >= deadline and not isinstance(last, UpstreamTimeout):
+            last = UpstreamTimeout(f"judge server not answering within {budget:g}s ({last})")
+        raise last
+
+    @staticmethod
+    def _count_tokens(component: str, data: dict[str, Any]) -> None:
+        usage = data.get("usage") or {}
+        TOKENS.labels(component, "prompt").inc(int(usage.get("prompt_tokens") or 0))
+        TOKENS.labels(component, "completion").inc(int(usage.get("completion_tokens") or 0))
+        details = usage.get("prompt_tokens_details") or {}
+        TOKENS.labels(component, "cached_prompt").inc(int(details.get("cached_tokens") or 0))
