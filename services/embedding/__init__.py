@@ -1,0 +1,1 @@
+"""Embedding service: group diversity and OpenAI-compatible embeddings, dynamically batched."""

@@ -1,0 +1,211 @@
+"""Dynamic batching: coalesce texts from concurrent requests into one encode call.
+
+Each request submits its texts as one job. A single collector task takes queued texts
+until ``max_batch_texts`` are gathered or the oldest has waited ``max_wait_ms``, hands
+the batch to ONE worker thread (the event loop never blocks on the model), and scatters
+the rows back: every job gets exactly its own rows, in its own order. A job larger than
+a batch is split across batches. While the worker encodes, new texts queue up and form
+the next batch, so a busy service runs back-to-back full batches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+from prometheus_client import Counter, Gauge, Histogram
+
+from services.embedding.encoder import Encoded
+
+log = logging.getLogger("arbiter.embedding")
+
+BATCH_TEXTS = Histogram(
+    "arbiter_embedding_batch_texts",
+    "Texts per coalesced encode call.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048),
+)
+BATCH_REQUESTS = Histogram(
+    "arbiter_embedding_batch_requests",
+    "Requests (jobs) contributing to one encode call.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)
+QUEUE_WAIT = Histogram(
+    "arbiter_embedding_queue_wait_seconds",
+    "Time a request waited in the queue before (part of) it started encoding.",
+    buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+ENCODE_SECONDS = Histogram(
+    "arbiter_embedding_encode_seconds",
+    "Wall time of one encode call (tokenize + forward passes).",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+TEXTS = Counter("arbiter_embedding_texts_total", "Texts embedded (rate() gives texts/s).")
+TOKENS = Counter("arbiter_embedding_tokens_total", "Tokens embedded, after truncation.")
+TRUNCATED = Counter("arbiter_embedding_truncated_total", "Texts cut to max_seq_length.")
+QUEUED = Gauge("arbiter_embedding_queued_texts", "Texts waiting for a batch.")
+
+EncodeFn = Callable[[list[str]], Encoded]
+
+
+class QueueFull(Exception):
+    """The backlog is past ``max_queued_texts``; the caller should retry later."""
+
+
+@dataclass
+class _Job:
+    texts: list[str]
+    future: asyncio.Future[Encoded]
+    enqueued: float
+    vectors: np.ndarray | None = None
+    tokens: np.ndarray | None = None
+    truncated: np.ndarray | None = None
+    remaining: int = 0
+    next_index: int = 0  # first text not yet taken into a batch
+
+
+@dataclass
+class _Batch:
+    texts: list[str] = field(default_factory=list)
+    # (job, first row in job, first row in batch, count)
+    parts: list[tuple[_Job, int, int, int]] = field(default_factory=list)
+
+
+class DynamicBatcher:
+    def __init__(
+        self,
+        encode: EncodeFn,
+        *,
+        max_batch_texts: int,
+        max_wait_ms: float,
+        max_queued_texts: int,
+    ):
+        self._encode = encode
+        self.max_batch_texts = max_batch_texts
+        self.max_wait = max_wait_ms / 1000.0
+        self.max_queued_texts = max_queued_texts
+        self._jobs: deque[_Job] = deque()
+        self._queued = 0
+        self._wakeup = asyncio.Event()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="embedding-batcher")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for job in self._jobs:
+            if not job.future.done():
+                job.future.set_exception(RuntimeError("embedding service shutting down"))
+        self._jobs.clear()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def queued(self) -> int:
+        return self._queued
+
+    async def embed(self, texts: list[str]) -> Encoded:
+        """Queue ``texts`` and wait for their rows (in order)."""
+        if self._task is None or self._task.done():
+            raise RuntimeError("batcher is not running")
+        if self._queued + len(texts) > self.max_queued_texts:
+            raise QueueFull(f"{self._queued} texts already queued")
+        loop = asyncio.get_running_loop()
+        job = _Job(texts, loop.create_future(), time.perf_counter(), remaining=len(texts))
+        self._jobs.append(job)
+        self._queued += len(texts)
+        QUEUED.set(self._queued)
+        self._wakeup.set()
+        return await job.future
+
+    def _take(self, batch: _Batch) -> None:
+        """Move queued texts into ``batch`` until it is full or the queue is empty."""
+        while self._jobs and len(batch.texts) < self.max_batch_texts:
+            job = self._jobs[0]
+            if job.future.done():  # the caller went away (cancelled): skip its texts
+                self._jobs.popleft()
+                self._queued -= len(job.texts) - job.next_index
+                continue
+            take = min(len(job.texts) - job.next_index, self.max_batch_texts - len(batch.texts))
+            start = job.next_index
+            batch.parts.append((job, start, len(batch.texts), take))
+            batch.texts.extend(job.texts[start : start + take])
+            job.next_index += take
+            self._queued -= take
+            if job.next_index == len(job.texts):
+                self._jobs.popleft()
+        QUEUED.set(self._queued)
+
+    async def _collect(self) -> _Batch:
+        while not self._jobs:
+            self._wakeup.clear()
+            await self._wakeup.wait()
+        batch = _Batch()
+        deadline = self._jobs[0].enqueued + self.max_wait
+        self._take(batch)
+        while len(batch.texts) < self.max_batch_texts:
+            left = deadline - time.perf_counter()
+            if left <= 0:
+                break
+            self._wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wakeup.wait(), left)
+            self._take(batch)
+        return batch
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._collect()
+            if not batch.texts:
+                continue
+            started = time.perf_counter()
+            for job, *_ in batch.parts:
+                QUEUE_WAIT.observe(started - job.enqueued)
+            BATCH_TEXTS.observe(len(batch.texts))
+            BATCH_REQUESTS.observe(len({id(p[0]) for p in batch.parts}))
+            try:
+                result = await loop.run_in_executor(self._worker, self._encode, batch.texts)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.exception("encode failed for a batch of %d texts", len(batch.texts))
+                for job, *_ in batch.parts:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                continue
+            ENCODE_SECONDS.observe(time.perf_counter() - started)
+            TEXTS.inc(len(batch.texts))
+            TOKENS.inc(int(result.tokens.sum()))
+            TRUNCATED.inc(int(result.truncated.sum()))
+            self._scatter(batch, result)
+
+    @staticmethod
+    def _scatter(batch: _Batch, result: Encoded) -> None:
+        for job, job_start, batch_start, count in batch.parts:
+            if job.future.done():
+                continue
+            if job.vectors is None:
+                n = len(job.texts)
+                job.vectors = np.empty((n, result.vectors.shape[1]), dtype=np.float32)
+                job.tokens = np.zeros(n, dtype=np.int64)
+                job.truncated = np.zeros(n, dtype=bool)
+            assert job.tokens is not None and job.truncated is not None
+            rows = slice(batch_start, batch_start + count)
+            dest = slice(job_start, job_start + count)
+            job.vectors[dest] = result.vectors[rows]
+            job.tokens[dest] = result.tokens[rows]
+            job.truncated[dest] = result.truncated[rows]
+            job.remaining -= count
+            if job.remaining == 0:
+                job.future.set_result(Encoded(job.vectors, job.tokens, job.truncated))
