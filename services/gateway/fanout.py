@@ -73,7 +73,7 @@ class ComponentClient:
         await self.client.aclose()
 
     def url(self, spec: ComponentSpec) -> str | None:
-        base = self.settings.service_url(spec.service)
+        base = self.settings.component_url(spec.name, spec.service)
         return None if base is None else base + spec.path
 
     async def call(self, spec: ComponentSpec, body: bytes) -> CallResult:
@@ -133,6 +133,9 @@ class ComponentClient:
         base = self.settings.service_url(service)
         if base is None:
             return f"not configured (set {env_var(service)})"
+        return await self.ready_url(base)
+
+    async def ready_url(self, base: str) -> str:
         try:
             resp = await self.client.get(f"{base}/readyz", timeout=2.0)
         except httpx.HTTPError as exc:

@@ -246,8 +246,14 @@ class Scorer:
 
     async def ready(self) -> dict[str, str]:
         services = ("verify", "embedding", "judge")
-        checks = await asyncio.gather(*(self.client.ready(s) for s in services), self.cache.check())
-        return {**dict(zip(services, checks[:3], strict=True)), "cache": checks[3]}
+        overrides = self.client.settings.component_urls
+        checks = await asyncio.gather(
+            *(self.client.ready(s) for s in services),
+            *(self.client.ready_url(url) for url in overrides.values()),
+            self.cache.check(),
+        )
+        names = [*services, *(f"{name} (GATEWAY_COMPONENT_URLS)" for name in overrides), "cache"]
+        return dict(zip(names, checks, strict=True))
 
 
 def _unconfigured(comp: _Component) -> str:

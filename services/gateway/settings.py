@@ -44,6 +44,11 @@ class GatewaySettings(ServiceSettings):
         default_factory=lambda: {"judge_quality": 120.0, "judge_verifier": 60.0},
         description='Per-component overrides as JSON, e.g. {"judge_quality": 120}.',
     )
+    component_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description='Per-component base-URL overrides as JSON, e.g. {"format": "http://fmt:8001"}: '
+        "serve one component from its own deployment.",
+    )
     connect_timeout_s: float = Field(default=2.0, gt=0, le=60, description="TCP connect timeout.")
     max_concurrency: int = Field(
         default=64, ge=1, le=4096, description="In-flight calls per component service."
@@ -103,6 +108,23 @@ class GatewaySettings(ServiceSettings):
             )
         return value
 
+    @field_validator("component_urls")
+    @classmethod
+    def _component_urls(cls, value: dict[str, str]) -> dict[str, str]:
+        from services.gateway.recipes import COMPONENTS
+
+        out = {}
+        for name, url in value.items():
+            if name not in COMPONENTS:
+                raise ValueError(
+                    f"GATEWAY_COMPONENT_URLS names unknown component {name!r}; "
+                    f"known: {', '.join(COMPONENTS)}"
+                )
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"GATEWAY_COMPONENT_URLS[{name!r}]={url!r} is not an http(s) URL")
+            out[name] = url.rstrip("/")
+        return out
+
     @model_validator(mode="after")
     def _timeouts(self) -> GatewaySettings:
         from services.gateway.recipes import COMPONENTS
@@ -125,6 +147,10 @@ class GatewaySettings(ServiceSettings):
             "embedding": self.embedding_url,
             "judge": self.judge_url,
         }[service]
+
+    def component_url(self, component: str, service: str) -> str | None:
+        """Base URL serving ``component``: its override, else its service's URL."""
+        return self.component_urls.get(component) or self.service_url(service)
 
     def timeout_for(self, component: str) -> float:
         return self.component_timeouts.get(component, self.component_timeout_s)

@@ -1,0 +1,180 @@
+"""Recipes, fingerprints and settings: pure functions, no processes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from proto.gateway import Recipe, RecipeComponent
+from services.common.errors import Unprocessable
+from services.gateway.recipes import BUILTIN_RECIPES, RecipeBook, fingerprint
+from services.gateway.settings import GatewaySettings
+
+# Pinned: a change here means every training run's recorded reward identity changes.
+GSM8K_FINGERPRINT = "sha256:559a20ae6f6de68013acefbc081155aed86c9f0eb77c36c105aa57ad6bd398f0"
+
+
+def comps(*items: tuple[str, float, dict[str, Any]]) -> list[RecipeComponent]:
+    return [RecipeComponent(name=n, weight=w, params=p) for n, w, p in items]
+
+
+def test_fingerprint_is_sha256_of_canonical_json() -> None:
+    components = comps(("math_accuracy", 1.0, {}), ("format", 0.5, {"mode": "partial"}))
+    canonical = (
+        '{"components":[{"name":"math_accuracy","params":{},"weight":1.0},'
+        '{"name":"format","params":{"mode":"partial"},"weight":0.5}]}'
+    )
+    assert fingerprint(components) == "sha256:" + hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def test_builtin_fingerprint_is_stable() -> None:
+    gsm8k = RecipeBook().get("gsm8k")
+    assert gsm8k.ref.fingerprint == GSM8K_FINGERPRINT
+    assert RecipeBook().get("gsm8k").ref.fingerprint == GSM8K_FINGERPRINT  # a new book agrees
+
+
+BASE: tuple[tuple[str, float, dict[str, Any]], ...] = (
+    ("math_accuracy", 1.0, {}),
+    ("format", 0.5, {}),
+)
+
+
+@pytest.mark.parametrize(
+    ("other", "same"),
+    [
+        (BASE, True),  # identical components
+        ((("math_accuracy", 1.0, {}), ("format", 0.5, {"mode": "partial"})), False),  # a param
+        ((("math_accuracy", 1.0, {}), ("format", 0.25, {})), False),  # a weight
+        ((("format", 0.5, {}), ("math_accuracy", 1.0, {})), False),  # order is part of it
+        ((("math_accuracy", 1.0, {}),), False),  # a component fewer
+    ],
+)
+def test_fingerprint_changes_with_the_recipe(other: tuple[Any, ...], same: bool) -> None:
+    assert (fingerprint(comps(*BASE)) == fingerprint(comps(*other))) is same
+
+
+def test_param_key_order_does_not_matter() -> None:
+    a = comps(("format", 1.0, {"mode": "partial", "think_optional": True}))
+    b = comps(("format", 1.0, {"think_optional": True, "mode": "partial"}))
+    assert fingerprint(a) == fingerprint(b)
+
+
+def test_inline_recipe_shares_the_named_fingerprint() -> None:
+    book = RecipeBook()
+    inline = Recipe(components=BUILTIN_RECIPES[0].components)
+    assert book.get(inline).ref.fingerprint == book.get("gsm8k").ref.fingerprint
+    assert book.get(inline).ref.name == "inline"
+
+
+def test_builtin_recipes() -> None:
+    got = {r.name: [(c.name, c.weight) for c in r.components] for r in RecipeBook().refs()}
+    assert got == {
+        "gsm8k": [("math_accuracy", 1.0), ("format", 0.5)],
+        "gsm8k-diverse": [("math_accuracy", 1.0), ("format", 0.5), ("diversity", 0.3)],
+        "gsm8k-dj": [("math_accuracy", 1.0), ("format", 0.5), ("judge_quality", 0.3)],
+        "gsm8k-verifier": [("judge_verifier", 1.0), ("format", 0.2)],
+    }
+
+
+@pytest.mark.parametrize(
+    ("recipe", "param"),
+    [
+        # a component name the registry does not know
+        ({"components": [{"name": "maths"}]}, "recipe.components.0.name"),
+        # the same component twice (its scores would collide in `components`)
+        ({"components": [{"name": "format"}, {"name": "format"}]}, "recipe.components.1.name"),
+        # a verify param checked against proto.verify.FormatParams at the gateway
+        ({"components": [{"name": "format", "params": {"mode": "x"}}]},
+         "recipe.components.0.params.mode"),
+        # an unknown verify param (the wire models forbid extras)
+        ({"components": [{"name": "math_accuracy", "params": {"tol": 1}}]},
+         "recipe.components.0.params.tol"),
+    ],
+)  # fmt: skip
+def test_bad_inline_recipe_names_the_field(recipe: dict[str, Any], param: str) -> None:
+    with pytest.raises(Unprocessable) as info:
+        RecipeBook().get(Recipe.model_validate(recipe))
+    assert info.value.param == param
+
+
+def test_unknown_recipe_name() -> None:
+    with pytest.raises(Unprocessable) as info:
+        RecipeBook().get("gsm9k")
+    assert info.value.param == "recipe" and "gsm9k" in info.value.message
+
+
+def write(tmp_path: Path, doc: Any) -> Path:
+    path = tmp_path / "recipes.yaml"
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))  # JSON is YAML
+    return path
+
+
+def test_yaml_recipes_load(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        "recipes:\n"
+        "  - name: gsm8k-partial\n"
+        "    components:\n"
+        "      - {name: math_accuracy, weight: 1.0}\n"
+        "      - {name: format, weight: 0.5, params: {mode: partial}}\n",
+    )
+    book = RecipeBook(path)
+    got = book.get("gsm8k-partial")
+    assert [c.name for c in got.ref.components] == ["math_accuracy", "format"]
+    assert got.ref.components[1].params == {"mode": "partial"}
+    assert book.get("gsm8k").ref.fingerprint == GSM8K_FINGERPRINT  # built-ins still there
+
+
+@pytest.mark.parametrize(
+    ("doc", "needle"),
+    [
+        ("recipes: [", "cannot read YAML"),  # not YAML
+        ({"recipe": []}, "list under 'recipes:'"),  # wrong top-level key
+        ({"recipes": [{"components": [{"name": "format"}]}]}, "needs a name"),  # no name
+        ({"recipes": [{"name": "gsm8k", "components": [{"name": "format"}]}]},
+         "redefines 'gsm8k'"),  # a built-in cannot be replaced
+        ({"recipes": [{"name": "x", "components": [{"name": "nope"}]}]},
+         "recipes[0].components.0.name"),  # unknown component, with its place
+        ({"recipes": [{"name": "x", "components": [{"name": "format", "weight": "w"}]}]},
+         "recipes[0]"),  # wrong type
+    ],
+)  # fmt: skip
+def test_bad_yaml_fails_with_where(tmp_path: Path, doc: Any, needle: str) -> None:
+    with pytest.raises(ValueError, match=None) as info:
+        RecipeBook(write(tmp_path, doc))
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("env", "needle"),
+    [
+        ({"GATEWAY_VERIFY_URL": "127.0.0.1:8001"}, "not an http(s) URL"),  # scheme missing
+        ({"REDIS_URL": "localhost:6379"}, "not a Redis URL"),  # scheme missing
+        ({"GATEWAY_RECIPES_FILE": "/nonexistent.yaml"}, "does not exist"),  # missing file
+        ({"GATEWAY_COMPONENT_TIMEOUTS": '{"jduge_quality": 5}'}, "unknown component"),  # typo
+        ({"GATEWAY_COMPONENT_TIMEOUTS": '{"format": 0}'}, "must be in (0, 3600]"),  # zero
+        ({"GATEWAY_COMPONENT_URLS": '{"format": "fmt:8001"}'}, "not an http(s) URL"),
+        ({"GATEWAY_MAX_CONCURRENCY": "0"}, "max_concurrency"),  # out of range
+    ],
+)
+def test_bad_settings_fail_fast(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], needle: str
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ValidationError) as info:
+        GatewaySettings()
+    assert needle in str(info.value)
+
+
+def test_settings_defaults_and_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:6379/0")  # no GATEWAY_ prefix
+    monkeypatch.setenv("GATEWAY_JUDGE_URL", "")  # empty = not configured
+    s = GatewaySettings()
+    assert s.port == 8000 and s.redis_url == "redis://127.0.0.1:6379/0"
+    assert s.judge_url is None and s.timeout_for("judge_quality") == 120.0
