@@ -155,12 +155,12 @@ def clean(candidate: str) -> str:
     """Strip markdown emphasis, LaTeX wrappers and trailing punctuation from a candidate."""
     s = candidate.strip()
     s = s.replace("**", "").replace("__", "").strip("*_ \t\n")
-    s = s.replace("\\$", "$").replace("\\%", "%").replace("{,}", ",")
-    s = _LATEX_DROP.sub(" ", s)
-    if s.startswith("$") and s.endswith("$") and len(s) > 1 and s.count("$") == 2:
-        s = s[1:-1]
-    elif s.startswith("$$") and s.endswith("$$") and len(s) > 3:
+    s = _LATEX_DROP.sub(" ", s).strip()
+    if s.startswith("$$") and s.endswith("$$") and len(s) > 3:
         s = s[2:-2]
+    elif len(s) > 1 and s[0] == s[-1] == "$" and s.replace("\\$", "").count("$") == 2:
+        s = s[1:-1]
+    s = s.replace("\\$", "$").replace("\\%", "%").replace("{,}", ",")
     s = s.strip().rstrip(".;,!").strip()
     inner = boxed_contents(s)
     if inner and s.startswith(("\\boxed", "\\fbox")):

@@ -1,0 +1,213 @@
+"""The verify service over HTTP: real uvicorn on free loopback ports.
+
+``verify_url`` is the shared session instance (default settings, 2 workers). A second
+instance with a 2 s deadline, math-verify's own timeout set above it (so the wall-clock
+kill-and-replace path is what answers), the numeric fast path off (every item goes through
+the pool and math-verify) and a small item limit serves the deadline and limit tests.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import start_service
+from tests.services.verify.cases import FORMAT_CASES, MATH_CASES, NULL_CASES
+
+DEADLINE_S = 2.0
+MARGIN_S = 4.0  # process kill + replacement + HTTP, on a loaded 2-core machine
+
+
+@pytest.fixture(scope="module")
+def strict_url(log_dir: Path) -> Iterator[str]:
+    proc, url = start_service(
+        "verify",
+        log_dir,
+        {
+            "VERIFY_WORKERS": "2",
+            "VERIFY_DEADLINE_S": str(DEADLINE_S),
+            "VERIFY_MATH_VERIFY_TIMEOUT_S": "30",
+            "VERIFY_FAST_PATH": "false",
+            "VERIFY_MAX_ITEMS": "64",
+        },
+    )
+    yield url
+    proc.stop()
+
+
+def _math(url: str, groups: list[dict[str, Any]], timeout: float = 60.0) -> dict[str, Any]:
+    r = httpx.post(f"{url}/v1/math", json={"groups": groups, "params": {}}, timeout=timeout)
+    assert r.status_code == 200, r.text
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def _metric(url: str, name: str) -> float:
+    text = httpx.get(f"{url}/metrics").text
+    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{.*}})? (\S+)$", text, re.M))
+
+
+@pytest.mark.parametrize("which", ["default", "no_fast_path"])
+def test_math_table_over_http(which: str, verify_url: str, strict_url: str) -> None:
+    # The same table as the unit test, as one request of one group per case; the
+    # no-fast-path instance decides every item with math-verify in the pool.
+    url = verify_url if which == "default" else strict_url
+    cases = MATH_CASES[:32] if which == "no_fast_path" else MATH_CASES  # its item limit
+    groups = [{"id": f"c{i}", "reference": ref, "responses": [resp]}
+              for i, (resp, ref, _, _) in enumerate(cases)]  # fmt: skip
+    body = _math(url, groups)
+    assert body["component"] == "math_accuracy"
+    assert body["usage"]["items"] == len(cases)
+    for (_, _, expected, why), group in zip(cases, body["groups"], strict=True):
+        assert group["scores"] == [expected], f"{why}: {group}"
+        assert group["errors"] == [], why
+
+
+def test_null_cases_over_http(verify_url: str) -> None:
+    groups = [{"id": f"n{i}", "reference": ref, "responses": [resp, resp]}
+              for i, (resp, ref, _, _) in enumerate(NULL_CASES)]  # fmt: skip
+    body = _math(verify_url, groups)
+    for (_, _, kind, why), group in zip(NULL_CASES, body["groups"], strict=True):
+        assert group["scores"] == [None, None], why
+        assert [(e["index"], e["kind"]) for e in group["errors"]] == [(0, kind), (1, kind)], why
+
+
+def test_format_table_over_http(verify_url: str) -> None:
+    client = httpx.Client(timeout=30)
+    for response, params, expected, why in FORMAT_CASES:
+        r = client.post(
+            f"{verify_url}/v1/format",
+            json={"groups": [{"id": "f", "responses": [response]}], "params": params},
+        )
+        assert r.status_code == 200, r.text
+        assert r.json()["component"] == "format"
+        assert r.json()["groups"][0]["scores"] == [expected], why
+
+
+def test_groups_echo_ids_and_order(verify_url: str) -> None:
+    # Scores come back in request order, per group, with ids echoed, whatever path
+    # (fast path, pool, no answer) each item takes.
+    groups = [
+        {"id": "first", "reference": "#### 5", "responses": ["\\boxed{5}", "4", "$x$", "5"]},
+        {"id": "", "reference": "x+1", "responses": ["$1+x$", "\\boxed{x+1}", "\\boxed{x}"]},
+        {"id": "third", "reference": "12", "responses": ["nothing", "<answer>12</answer>"]},
+    ]
+    body = _math(verify_url, groups)
+    assert [g["id"] for g in body["groups"]] == ["first", "", "third"]
+    assert [g["scores"] for g in body["groups"]] == [
+        [1.0, 0.0, 0.0, 1.0],
+        [0.0, 1.0, 0.0],  # "$1+x$" has no marker: its last number (1) is the answer
+        [0.0, 1.0],
+    ]
+    assert body["groups"][2]["info"]["answers"] == [None, "12"]
+
+
+DEADLINE_CASES = [
+    ("\\boxed{7^{123456789}}", "a huge power"),
+    ("\\boxed{" + "\\frac{1}{" * 1000 + "2" + "}" * 1000 + "}", "1000 nested fractions"),
+    ("The answer is " + "1" * 100_000, "a 100,000-digit number"),
+]
+
+
+@pytest.mark.parametrize(("response", "why"), DEADLINE_CASES, ids=["power", "frac", "digits"])
+def test_deadline(response: str, why: str, strict_url: str) -> None:
+    # Each pathological item is answered within deadline + margin, as a timeout or a
+    # correct score; its neighbours in the same group are scored; the next request is
+    # served normally and the pool is back to full strength.
+    start = time.monotonic()
+    body = _math(strict_url, [{"id": "d", "reference": "5", "responses": [response, "5", "6"]}])
+    elapsed = time.monotonic() - start
+    assert elapsed < DEADLINE_S + MARGIN_S, f"{why}: {elapsed:.1f}s"
+    group = body["groups"][0]
+    assert group["scores"][1:] == [1.0, 0.0], why
+    if group["scores"][0] is None:
+        assert [(e["index"], e["kind"]) for e in group["errors"]] == [(0, "timeout")], why
+    else:
+        assert group["scores"][0] == 0.0, why
+
+    after = _math(strict_url, [{"id": "n", "reference": "7", "responses": ["\\boxed{7}"]}], 10)
+    assert after["groups"][0]["scores"] == [1.0]
+    for _ in range(50):  # the replacement worker comes up within moments
+        if httpx.get(f"{strict_url}/readyz").status_code == 200:
+            break
+        time.sleep(0.1)
+    assert httpx.get(f"{strict_url}/readyz").json() == {"ready": True, "checks": {"pool": "ok"}}
+
+
+def test_overrun_kills_and_replaces_worker(strict_url: str) -> None:
+    # Two stuck items in one group: both time out (each kills its worker), the others
+    # are scored, and the restarts show in /metrics.
+    before = _metric(strict_url, "verify_worker_restarts_total")
+    stuck = DEADLINE_CASES[0][0]
+    start = time.monotonic()
+    body = _math(strict_url, [{"reference": "3", "responses": [stuck, "3", stuck, "4", "3"]}])
+    assert time.monotonic() - start < 2 * DEADLINE_S + MARGIN_S
+    group = body["groups"][0]
+    assert group["scores"] == [None, 1.0, None, 0.0, 1.0]
+    assert {(e["index"], e["kind"]) for e in group["errors"]} == {(0, "timeout"), (2, "timeout")}
+    assert _metric(strict_url, "verify_worker_restarts_total") >= before + 2
+
+
+ADVERSARIAL = ["<answer>" * 12_000, "\\boxed{" * 14_000, "{" * 99_000, "1," * 49_000]
+
+
+def test_adversarial_inputs_answered(strict_url: str) -> None:
+    # 100k-character inputs built to trip quadratic scans are answered within the bound.
+    start = time.monotonic()
+    body = _math(strict_url, [{"reference": "1", "responses": ADVERSARIAL}])
+    assert time.monotonic() - start < DEADLINE_S + MARGIN_S
+    assert len(body["groups"][0]["scores"]) == len(ADVERSARIAL)
+
+
+BAD_INPUTS = [
+    ({"groups": [], "params": {}}, "groups", "no groups"),
+    ({"groups": [{"responses": []}], "params": {}}, "groups.0.responses", "empty responses"),
+    ({"groups": [{"responses": [1]}], "params": {}}, "groups.0.responses.0", "not a string"),
+    ({"groups": [{"responses": "abc"}], "params": {}}, "groups.0.responses", "not a list"),
+    ({"groups": [{"responses": ["a"]}], "params": {"tol": 1}}, "params.tol", "unknown param"),
+    ({"groups": [{"responses": ["a"], "extra": 1}], "params": {}}, "groups.0.extra", "unknown"),
+    ({"groups": [{"responses": ["a"]}]}, "params", "params missing"),
+    ({"groups": [{"responses": ["a"]}], "params": {"rel_tolerance": -1}},
+     "params.rel_tolerance", "out of range"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("body", "param", "why"), BAD_INPUTS)
+def test_bad_input_422(body: dict[str, Any], param: str, why: str, verify_url: str) -> None:
+    r = httpx.post(f"{verify_url}/v1/math", json=body)
+    assert r.status_code == 422, why
+    err = r.json()["error"]
+    assert err["type"] == "invalid_request_error" and err["param"] == param, (why, err)
+
+
+def test_bad_format_params_422(verify_url: str) -> None:
+    for params, param in [
+        ({"mode": "loose"}, "params.mode"),
+        ({"think_tag": "a b"}, "params.think_tag"),
+    ]:
+        r = httpx.post(
+            f"{verify_url}/v1/format", json={"groups": [{"responses": ["x"]}], "params": params}
+        )
+        assert r.status_code == 422 and r.json()["error"]["param"] == param
+
+
+def test_too_many_items_413(strict_url: str) -> None:
+    r = httpx.post(
+        f"{strict_url}/v1/math", json={"groups": [{"responses": ["1"] * 65}], "params": {}}
+    )
+    assert r.status_code == 413
+    assert r.json()["error"]["param"] == "groups"
+
+
+def test_ops_endpoints(verify_url: str) -> None:
+    assert httpx.get(f"{verify_url}/healthz").json() == {"status": "ok"}
+    assert httpx.get(f"{verify_url}/readyz").json()["checks"] == {"pool": "ok"}
+    _math(verify_url, [{"reference": "1", "responses": ["1"]}])
+    assert _metric(verify_url, "verify_items_total") >= 1
+    assert _metric(verify_url, "verify_workers_alive") == 2
