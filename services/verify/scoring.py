@@ -20,6 +20,8 @@ from proto.verify import FormatRequest, MathRequest
 from services.common.errors import PayloadTooLarge
 from services.verify.extract import (
     INFO_CHARS,
+    Extraction,
+    Number,
     extract_answer,
     numbers_equal,
     reference_value,
@@ -28,7 +30,7 @@ from services.verify.extract import (
 from services.verify.formatting import format_score
 from services.verify.pool import WorkerPool
 from services.verify.settings import VerifySettings
-from services.verify.worker import Item, ItemResult
+from services.verify.worker import Item, ItemResult, score_item
 
 log = logging.getLogger("arbiter.verify")
 
@@ -61,6 +63,44 @@ def _outcome(score: float | None) -> str:
     if score is None:
         return "null"
     return "correct" if score == 1.0 else "wrong"
+
+
+def plan_item(
+    response: str, gold: str, g_num: Number | None, rel_tol: float, fast: bool
+) -> tuple[Extraction, float | Item]:
+    """Extract the response's answer; decide it here (a score) or hand it on (a pool item)."""
+    ex = extract_answer(response)
+    if ex.status != "ok":
+        PATHS.labels("conflict" if ex.status == "conflict" else "no_answer").inc()
+        return ex, 0.0
+    p_num = to_number(ex.text) if fast and g_num is not None else None
+    if g_num is not None and p_num is not None:
+        PATHS.labels("fast_path").inc()
+        return ex, 1.0 if numbers_equal(g_num, p_num, rel_tol) else 0.0
+    PATHS.labels("pool").inc()
+    return ex, (gold, ex.text, rel_tol, not fast)
+
+
+def score_math_direct(
+    response: str, reference: str | None, rel_tol: float = 1e-6, timeout_s: int = 5
+) -> ItemResult:
+    """The whole math_accuracy rule for one response, in this process (tests, benchmarks).
+
+    Same result as the service, minus the wall-clock deadline: call it from the main
+    thread (math-verify's timeouts use ``signal.alarm``).
+    """
+    gold = reference_value(reference)
+    if gold is None:
+        return None, "invalid_reference", "no reference value given"
+    g_num = to_number(gold)
+    if g_num is None:
+        check = score_item(gold, gold, rel_tol, timeout_s, True)
+        if check[0] is None:
+            return check
+    _, decided = plan_item(response, gold, g_num, rel_tol, True)
+    if isinstance(decided, float):
+        return decided, None, ""
+    return score_item(*decided[:3], timeout_s, decided[3])
 
 
 class Verifier:
@@ -115,23 +155,17 @@ class Verifier:
                 ref_check = len(items)
                 items.append((gold, gold, rel_tol, True))
             for i, response in enumerate(group.responses):
-                ex = extract_answer(response)
+                ex, decided = plan_item(response, gold, g_num, rel_tol, fast)
                 slot = slots[i]
-                if ex.status != "ok":
-                    slot.score = 0.0
-                    PATHS.labels("conflict" if ex.status == "conflict" else "no_answer").inc()
-                    if ex.status == "conflict":
-                        conflicts.append(i)
-                    continue
-                answers[i] = ex.text.strip()[:INFO_CHARS]
-                p_num = to_number(ex.text) if fast and g_num is not None else None
-                if g_num is not None and p_num is not None:
-                    slot.score = 1.0 if numbers_equal(g_num, p_num, rel_tol) else 0.0
-                    PATHS.labels("fast_path").inc()
+                if ex.status == "conflict":
+                    conflicts.append(i)
+                if ex.status == "ok":
+                    answers[i] = ex.text.strip()[:INFO_CHARS]
+                if isinstance(decided, float):
+                    slot.score = decided
                     continue
                 slot.pending = len(items)
-                items.append((gold, ex.text, rel_tol, not fast))
-                PATHS.labels("pool").inc()
+                items.append(decided)
             groups.append((slots, ref_check, answers, conflicts))
 
         results = await self._run(items)
