@@ -1,4 +1,4 @@
-"""Sampling completions for GRPO rollouts.
+"""Sampling completions for GRPO rollouts: static KV cache + CUDA graphs, exact sampling.
 
 Interface (stable; the trainer uses only this)::
 
@@ -14,54 +14,300 @@ Interface (stable; the trainer uses only this)::
   rows are right-padded with ``pad_token_id``) and ``completion_mask`` (B, N) bool: True for the
   sampled tokens up to AND including the first EOS of the row; False after it. A row that never
   emits EOS is all True (truncated at max_new_tokens).
-- ``temperature == 0`` is greedy. Otherwise the distribution is HF's: logits / temperature, then
-  top-p (nucleus) filtering as ``transformers``' TopPLogitsWarper, then a multinomial draw. No
-  top-k.
+- ``temperature == 0`` is greedy. Otherwise the distribution is HF ``generate``'s with
+  ``top_k=None``: float32 logits / temperature, then top-p filtering exactly as transformers'
+  ``TopPLogitsWarper`` (ascending sort, drop the tokens whose cumulative probability is
+  <= 1 - top_p, always keep the most likely), then one categorical draw. The draw is made by
+  inverse CDF from one uniform number per row and step (drawn up front from ``generator``), an
+  exact sampler of the same distribution that can live inside a CUDA graph. No other logits
+  processors (repetition penalty, min length...) are applied.
 - ``generator``: a ``torch.Generator`` on the model's device for reproducible sampling.
 - Log-probs are NOT returned: the trainer recomputes them with its training forward.
 
-``Sampler(model)`` is the stateful form (caches buffers across calls); ``sample`` is a plain
-function over a per-model cached ``Sampler``.
+How it is fast (Qwen2/Qwen3/Llama/Mistral-shaped decoders, default-style RoPE, no sliding
+window; anything else falls back to plain ``model.generate``): the decoder is run by a small
+functional forward that reuses the model's own modules (norms, projections, MLP, embeddings,
+rotary tables) over a static KV cache ``(B, kv_heads, C, head_dim)`` per layer, with the
+capacity C rounded up so batches of similar length share one cache. Prompts are prefilled in
+one eager pass; each decode step (forward, sampling, EOS bookkeeping) is one CUDA-graph replay
+over static buffers, and the host checks "all rows done" only every few steps. Weights are read
+from the live parameters, so optimizer updates between calls are seen without re-capture.
+On CPU the same code runs eagerly (that is what the CPU tests exercise).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+from collections import OrderedDict
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-__all__ = ["Sampler", "completion_mask_from_ids", "sample"]
+__all__ = ["Sampler", "completion_mask_from_ids", "sample", "sampling_probs"]
+
+log = logging.getLogger(__name__)
+
+_SUPPORTED_TYPES = {"qwen2", "qwen3", "llama", "mistral"}
+_POSITION_FREE_ROPE = {"default", "linear", "llama3", "yarn"}
+_CAPACITY_ROUND = 64  # KV-cache capacity is rounded up to this many slots
+_MAX_BUCKETS = 4  # cached (batch, capacity, ...) graph buckets per model
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
     """True up to and including the first ``eos_token_id`` of each row (all True if none)."""
-    is_eos = completion_ids == eos_token_id
+    is_eos = (completion_ids == eos_token_id).int()
     # number of EOS strictly before position t; the token at t is kept iff that count is 0
-    before = torch.cumsum(is_eos.int(), dim=1) - is_eos.int()
-    return before == 0
+    return (torch.cumsum(is_eos, dim=1) - is_eos) == 0
 
 
-@contextlib.contextmanager
-def _seeded(generator: torch.Generator | None, device: torch.device) -> Iterator[None]:
-    """Run HF generate under the global RNG seeded from ``generator`` (plain path only)."""
-    if generator is None:
-        yield
-        return
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
+def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
+    """The distribution ``sample`` draws from, as HF computes it (for tests and docs)."""
+    scores = logits.float()
+    if temperature != 1.0:
+        scores = scores / temperature
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(scores, descending=False)
+        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        remove = cum <= (1 - top_p)
+        remove[..., -1:] = False
+        remove = remove.scatter(-1, sorted_idx, remove)
+        scores = scores.masked_fill(remove, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+def _choose(
+    logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float
+) -> torch.Tensor:
+    """One token per row from float32 ``logits`` (B, V); ``u`` (B,) uniform in [0, 1)."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    scores = logits / temperature if temperature != 1.0 else logits
+    if top_p < 1.0:
+        sorted_logits, sorted_idx = torch.sort(scores, descending=False)
+        probs = sorted_logits.softmax(dim=-1)
+        remove = probs.cumsum(dim=-1) <= (1 - top_p)
+        remove[:, -1] = False
+        cdf = probs.masked_fill(remove, 0.0).cumsum(dim=-1)
+    else:
+        sorted_idx = None
+        cdf = scores.softmax(dim=-1).cumsum(dim=-1)
+    target = (u * cdf[:, -1]).unsqueeze(-1)
+    j = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
+    if sorted_idx is not None:
+        j = sorted_idx.gather(-1, j)
+    return j.squeeze(-1)
+
+
+@dataclass
+class _Bucket:
+    """Static buffers (and the decode graph) for one (batch, capacity, settings) shape."""
+
+    key: tuple[Any, ...]
+    k_cache: list[torch.Tensor]
+    v_cache: list[torch.Tensor]
+    valid: torch.Tensor  # (B, C) bool: cache slot holds a real token
+    tokens: torch.Tensor  # (B,) last sampled token (input of the next step)
+    pos: torch.Tensor  # (B,) its rotary position
+    slot: torch.Tensor  # (1,) cache slot it is written to
+    step: torch.Tensor  # (1,) index of the token the step samples
+    done: torch.Tensor  # (B,) bool
+    out: torch.Tensor  # (B, N) sampled ids
+    noise: torch.Tensor  # (N, B) uniforms
+    graph: Any = None
+    extra: dict[str, Any] = field(default_factory=dict)
 
 
 class Sampler:
-    """Stateful sampler bound to one model."""
+    """Stateful sampler bound to one model; caches KV buffers and CUDA graphs across calls.
 
-    def __init__(self, model: Any) -> None:
+    ``use_cuda_graphs``: None = on for CUDA models. ``check_every``: decode steps between
+    host checks for "every row has emitted EOS".
+    """
+
+    def __init__(
+        self, model: Any, *, use_cuda_graphs: bool | None = None, check_every: int = 8
+    ) -> None:
         self.model = model
+        self.check_every = check_every
+        self.fast_reason = self._unsupported_reason()
+        self.fast = self.fast_reason is None
+        if not self.fast:
+            log.info("sampler: plain generate (%s)", self.fast_reason)
+        self.device = next(model.parameters()).device
+        self.use_graphs = (
+            self.device.type == "cuda" if use_cuda_graphs is None else bool(use_cuda_graphs)
+        )
+        self._buckets: OrderedDict[tuple[Any, ...], _Bucket] = OrderedDict()
+        self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._pool: Any = None
 
+    # ------------------------------------------------------------------ model introspection
+    def _unsupported_reason(self) -> str | None:
+        cfg = getattr(self.model, "config", None)
+        mtype = getattr(cfg, "model_type", None)
+        if mtype not in _SUPPORTED_TYPES:
+            return f"model_type {mtype!r} not in {sorted(_SUPPORTED_TYPES)}"
+        if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+            return "sliding-window attention"
+        if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or []):
+            return "non-full attention layers"
+        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
+        if rope_type not in _POSITION_FREE_ROPE:
+            return f"rope_type {rope_type!r}"
+        inner = getattr(self.model, "model", None)
+        if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+            return "no .model.layers / .model.rotary_emb"
+        return None
+
+    def _dims(self) -> tuple[int, int, int]:
+        attn = self.model.model.layers[0].self_attn
+        cfg = self.model.config
+        head_dim = int(attn.head_dim)
+        return int(cfg.num_attention_heads), int(cfg.num_key_value_heads), head_dim
+
+    def _rope_tables(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if self._rope is None or self._rope[0].shape[0] < length or self._rope[0].dtype != dtype:
+            n = max(length, 2048)
+            pos = torch.arange(n, device=self.device)[None]
+            dummy = torch.zeros(1, device=self.device, dtype=dtype)
+            cos, sin = self.model.model.rotary_emb(dummy, pos)
+            self._rope = (cos[0].to(dtype).contiguous(), sin[0].to(dtype).contiguous())
+        return self._rope
+
+    # ------------------------------------------------------------------ functional forward
+    def _forward(
+        self,
+        ids: torch.Tensor,  # (B, T)
+        pos: torch.Tensor,  # (B, T)
+        bk: _Bucket,
+        mask: torch.Tensor,  # (B, T, S) bool over the first S cache slots
+        write: Any,  # write(cache, new) stores new K or V (B, KVH, T, D) into the cache
+        last_only: bool,
+    ) -> torch.Tensor:
+        model = self.model
+        inner = model.model
+        h_q, h_kv, d = self._dims()
+        group = h_q // h_kv
+        b, t = ids.shape
+        s = mask.shape[-1]
+        cos_t, sin_t = bk.extra["rope"]
+        cos = cos_t[pos].unsqueeze(1)  # (B, 1, T, D)
+        sin = sin_t[pos].unsqueeze(1)
+        neg = torch.finfo(torch.float32).min
+        bias = torch.zeros(mask.shape, device=ids.device, dtype=torch.float32)
+        bias = bias.masked_fill(~mask, neg)[:, None, None]  # (B, 1, 1, T, S)
+        x = inner.embed_tokens(ids)
+        for li, layer in enumerate(inner.layers):
+            attn = layer.self_attn
+            hs = layer.input_layernorm(x)
+            q = attn.q_proj(hs).view(b, t, h_q, d)
+            k = attn.k_proj(hs).view(b, t, h_kv, d)
+            v = attn.v_proj(hs).view(b, t, h_kv, d)
+            if hasattr(attn, "q_norm"):
+                q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            write(bk.k_cache[li], k)
+            write(bk.v_cache[li], v)
+            keys = bk.k_cache[li][:, :, :s]  # (B, KVH, S, D)
+            vals = bk.v_cache[li][:, :, :s]
+            # HF eager attention numerics: scores in the model dtype, softmax in float32
+            qg = q.reshape(b, h_kv, group * t, d)
+            scores = torch.matmul(qg, keys.transpose(-1, -2)) * attn.scaling
+            scores = scores.view(b, h_kv, group, t, s).float() + bias
+            probs = scores.softmax(dim=-1).to(x.dtype).view(b, h_kv, group * t, s)
+            o = torch.matmul(probs, vals)  # (B, KVH, G*T, D) -> (B, H, T, D)
+            o = o.view(b, h_q, t, d).transpose(1, 2).reshape(b, t, h_q * d)
+            x = x + attn.o_proj(o)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if last_only:
+            x = x[:, -1:]
+        x = inner.norm(x)
+        return model.lm_head(x)[:, -1].float()
+
+    # ------------------------------------------------------------------ buffers and graphs
+    def _bucket(self, b: int, c: int, n: int, temperature: float, top_p: float) -> _Bucket:
+        key = (b, c, n, float(temperature), float(top_p))
+        bk = self._buckets.get(key)
+        if bk is not None:
+            self._buckets.move_to_end(key)
+            return bk
+        while len(self._buckets) >= _MAX_BUCKETS:
+            self._buckets.popitem(last=False)
+        _, h_kv, d = self._dims()
+        dtype = self.model.model.embed_tokens.weight.dtype
+        dev = self.device
+        n_layers = len(self.model.model.layers)
+
+        def zeros(*shape: int, dt: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.zeros(*shape, device=dev, dtype=dt)
+
+        bk = _Bucket(
+            key=key,
+            k_cache=[zeros(b, h_kv, c, d, dt=dtype) for _ in range(n_layers)],
+            v_cache=[zeros(b, h_kv, c, d, dt=dtype) for _ in range(n_layers)],
+            valid=zeros(b, c, dt=torch.bool),
+            tokens=zeros(b),
+            pos=zeros(b),
+            slot=zeros(1),
+            step=zeros(1),
+            done=zeros(b, dt=torch.bool),
+            out=zeros(b, n),
+            noise=zeros(n, b, dt=torch.float32),
+            extra={
+                "rope": self._rope_tables(c, dtype),  # kept alive: captured graphs read it
+                "eos_t": torch.zeros((), device=dev, dtype=torch.long),
+                "pad_t": torch.zeros((), device=dev, dtype=torch.long),
+            },
+        )
+        self._buckets[key] = bk
+        return bk
+
+    def _decode_step(self, bk: _Bucket) -> None:
+        """One token for every row; all state lives in ``bk`` (so it can be graph-captured)."""
+        _, _, _, temperature, top_p = bk.key
+        bk.valid.index_fill_(1, bk.slot, True)
+
+        def write(cache: torch.Tensor, new: torch.Tensor) -> None:
+            cache.index_copy_(2, bk.slot, new)
+
+        logits = self._forward(
+            bk.tokens[:, None], bk.pos[:, None], bk, bk.valid[:, None, :], write, last_only=False
+        )
+        u = bk.noise.index_select(0, bk.step).squeeze(0)
+        tok = _choose(logits, u, temperature, top_p)
+        tok = torch.where(bk.done, bk.extra["pad_t"], tok)
+        bk.out.index_copy_(1, bk.step, tok[:, None])
+        bk.done |= tok == bk.extra["eos_t"]
+        bk.tokens.copy_(tok)
+        bk.pos += 1
+        bk.slot += 1
+        bk.step += 1
+
+    def _capture(self, bk: _Bucket) -> None:
+        saved = [x.clone() for x in (bk.valid, bk.tokens, bk.pos, bk.slot, bk.step, bk.done)]
+        stream = torch.cuda.Stream(device=self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # warm-up: allocator, cuBLAS handles, lazy init
+                self._decode_step(bk)
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            self._decode_step(bk)
+        state = (bk.valid, bk.tokens, bk.pos, bk.slot, bk.step, bk.done)
+        for dst, src in zip(state, saved, strict=True):
+            dst.copy_(src)
+        bk.graph = graph
+
+    # ------------------------------------------------------------------ public call
     @torch.no_grad()
     def __call__(
         self,
@@ -75,30 +321,116 @@ class Sampler:
         pad_token_id: int,
         generator: torch.Generator | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if not self.fast:
+            return self._plain(
+                prompt_ids, prompt_mask, max_new_tokens, temperature, top_p,
+                eos_token_id, pad_token_id, generator,
+            )  # fmt: skip
+        prompt_ids = prompt_ids.to(self.device)
+        prompt_mask = prompt_mask.to(self.device).bool()
+        b, p = prompt_ids.shape
+        n = max_new_tokens
+        c = -(-(p + n) // _CAPACITY_ROUND) * _CAPACITY_ROUND
+        temperature = max(float(temperature), 0.0)
+        bk = self._bucket(b, c, n, temperature, top_p)
+        if self.use_graphs and bk.graph is None:
+            self._capture(bk)
+        bk.extra["eos_t"].fill_(eos_token_id)
+        bk.extra["pad_t"].fill_(pad_token_id)
+
+        # prefill: prompt K/V into slots [0, P), first token from the last prompt position
+        pos = (prompt_mask.long().cumsum(-1) - 1).clamp_(min=0)
+        causal = torch.ones(p, p, device=self.device, dtype=torch.bool).tril_()
+        mask = causal[None] & prompt_mask[:, None, :]
+
+        def write_prefix(cache: torch.Tensor, new: torch.Tensor) -> None:
+            cache[:, :, :p].copy_(new)
+
+        logits = self._forward(prompt_ids, pos, bk, mask, write_prefix, last_only=True)
+        noise = torch.rand(
+            (n, b), generator=generator, device=self.device, dtype=torch.float32
+        )  # fmt: skip
+        bk.noise.copy_(noise)
+        first = _choose(logits, bk.noise[0], temperature, top_p)
+        bk.valid.zero_()
+        bk.valid[:, :p] = prompt_mask
+        bk.out.fill_(pad_token_id)
+        bk.out[:, 0] = first
+        bk.done.copy_(first == eos_token_id)
+        bk.tokens.copy_(first)
+        bk.pos.copy_(prompt_mask.long().sum(-1))
+        bk.slot.fill_(p)
+        bk.step.fill_(1)
+        for i in range(1, n):
+            if (i - 1) % self.check_every == 0 and bool(bk.done.all()):
+                break
+            if bk.graph is not None:
+                bk.graph.replay()
+            else:
+                self._decode_step(bk)
+        ids = bk.out.clone()
+        cmask = completion_mask_from_ids(ids, eos_token_id)
+        ids = ids.masked_fill(~cmask, pad_token_id)
+        width = max(int(cmask.sum(-1).max().item()), 1)
+        return ids[:, :width].contiguous(), cmask[:, :width].contiguous()
+
+    # ------------------------------------------------------------------ fallback
+    def _plain(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        eos_token_id: int,
+        pad_token_id: int,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.model
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "eos_token_id": eos_token_id,
+            "pad_token_id": pad_token_id,
+            "top_k": None,
+        }
+        if temperature > 0:
+            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None)
         was_training = model.training
         model.eval()
         try:
-            kwargs: dict[str, Any] = {
-                "max_new_tokens": max_new_tokens,
-                "eos_token_id": eos_token_id,
-                "pad_token_id": pad_token_id,
-                "top_k": None,
-            }
-            if temperature > 0:
-                kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
-            else:
-                kwargs.update(do_sample=False, temperature=None, top_p=None)
             with _seeded(generator, prompt_ids.device):
                 out = model.generate(
                     input_ids=prompt_ids, attention_mask=prompt_mask.long(), **kwargs
                 )
         finally:
             model.train(was_training)
-        completion_ids = out[:, prompt_ids.shape[1] :]
-        mask = completion_mask_from_ids(completion_ids, eos_token_id)
-        completion_ids = completion_ids.masked_fill(~mask, pad_token_id)
-        return completion_ids, mask
+        ids = out[:, prompt_ids.shape[1] :]
+        cmask = completion_mask_from_ids(ids, eos_token_id)
+        return ids.masked_fill(~cmask, pad_token_id), cmask
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+@contextlib.contextmanager
+def _seeded(generator: torch.Generator | None, device: torch.device) -> Iterator[None]:
+    """Run HF generate under the global RNG seeded from ``generator`` (fallback path only)."""
+    if generator is None:
+        yield
+        return
+    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 _SAMPLERS: dict[int, Sampler] = {}
