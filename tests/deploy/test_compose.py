@@ -1,0 +1,219 @@
+"""docker-compose.yml and .env.example: both validators, profiles, health-gated start order,
+GPU reservations, volumes, and every variable documented."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.gateway.recipes import RecipeBook
+from tests.deploy.deployfiles import (
+    COMPOSE,
+    ENV_EXAMPLE,
+    K8S,
+    REPO,
+    SERVICES,
+    compose_env,
+    compose_variables,
+    env_example_names,
+    load_compose,
+    settings_info,
+    substitute_default,
+)
+from tests.deploy.tools import run, tool
+
+CPU_SERVICES = {"redis", "verify", "embedding", "gateway"}
+PROFILES = {"gpu": {"vllm", "judge"}, "train": {"trainer"}}
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict[str, Any]:
+    return load_compose()
+
+
+@pytest.mark.parametrize(
+    "profiles",
+    [
+        [],  # `docker compose up` on a laptop: the CPU services
+        ["gpu"],  # + vllm and judge
+        ["train"],  # + trainer
+        ["gpu", "train"],  # everything
+    ],
+    ids=["cpu", "gpu", "train", "all"],
+)
+def test_docker_compose_v1_accepts_the_file(profiles: list[str]) -> None:
+    flags = [a for p in profiles for a in ("--profile", p)]
+    run([tool("docker-compose"), "-f", str(COMPOSE), *flags, "config", "-q"], "docker-compose")
+
+
+def test_docker_compose_v1_accepts_every_value_of_env_example(tmp_path: Path) -> None:
+    # Every commented line uncommented, as a user who copies the file and edits it would.
+    lines = [
+        re.sub(r"^#\s*(?=[A-Z][A-Z0-9_]*=)", "", line)
+        for line in ENV_EXAMPLE.read_text().splitlines()
+    ]
+    env = tmp_path / ".env"
+    env.write_text("\n".join(lines) + "\n")
+    out = run(
+        [tool("docker-compose"), "-f", str(COMPOSE), "--env-file", str(env), "config"],
+        "docker-compose with .env.example",
+    )
+    rendered = yaml.safe_load(out.stdout)
+    assert set(rendered["services"]) >= CPU_SERVICES | PROFILES["gpu"]
+
+
+def test_compose_spec_schema_accepts_the_file() -> None:
+    run(
+        [tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(COMPOSE)],
+        "check-jsonschema (compose-spec)",
+    )
+
+
+@pytest.mark.parametrize(
+    ("validator", "snippet"),
+    [
+        # top-level `name` is newer than compose 1.29
+        ("docker-compose", "name: arbiter\nservices:\n  a:\n    image: redis:7\n"),
+        # healthcheck start_interval is newer than compose 1.29
+        (
+            "docker-compose",
+            "services:\n  a:\n    image: redis:7\n    healthcheck:\n"
+            "      test: [CMD, 'true']\n      start_interval: 1s\n",
+        ),
+        # depends_on an undefined service (the schema alone does not catch this)
+        (
+            "docker-compose",
+            "services:\n  a:\n    image: redis:7\n    depends_on:\n"
+            "      b:\n        condition: service_healthy\n",
+        ),
+        # a misspelt key
+        ("check-jsonschema", "services:\n  a:\n    image: redis:7\n    helthcheck: {}\n"),
+    ],
+    ids=["v1-top-level-name", "v1-start-interval", "v1-undefined-dependency", "schema-typo"],
+)
+def test_the_validators_reject_what_they_should(
+    validator: str, snippet: str, tmp_path: Path
+) -> None:
+    bad = tmp_path / "compose.yml"
+    bad.write_text(snippet)
+    cmd = {
+        "docker-compose": [tool("docker-compose"), "-f", str(bad), "config", "-q"],
+        "check-jsonschema": [
+            tool("check-jsonschema"),
+            "--builtin-schema",
+            "vendor.compose-spec",
+            str(bad),
+        ],
+    }[validator]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0, f"{validator} accepted a bad file:\n{snippet}"
+
+
+def test_profiles_cpu_by_default_gpu_and_train_on_request(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    default = {n for n, s in services.items() if not s.get("profiles")}
+    assert default == CPU_SERVICES, "`docker compose up` must start exactly the CPU services"
+    for profile, names in PROFILES.items():
+        got = {n for n, s in services.items() if profile in s.get("profiles", [])}
+        assert got == names, f"profile {profile}: expected {names}, got {got}"
+
+
+def test_start_order_is_gated_on_health(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    for name, svc in services.items():
+        deps = svc.get("depends_on", {})
+        assert isinstance(deps, dict), f"{name}: depends_on must use the long form with conditions"
+        for dep, cond in deps.items():
+            assert cond == {"condition": "service_healthy"}, f"{name} -> {dep}: {cond}"
+            assert "healthcheck" in services[dep], f"{name} waits for {dep}: no healthcheck"
+            # a service must not wait for one that its own profiles do not start
+            dep_profiles = set(services[dep].get("profiles", []))
+            if dep_profiles:
+                assert dep_profiles & set(svc.get("profiles", [])), (
+                    f"{name} depends on {dep}, which only starts with profile {dep_profiles}"
+                )
+    for name in set(services) - {"trainer"}:
+        assert "healthcheck" in services[name], f"{name} has no healthcheck"
+
+
+def test_gpu_services_reserve_nvidia_gpus(compose: dict[str, Any]) -> None:
+    for name in ("vllm", "trainer"):
+        devices = compose["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        expected = {"driver": "nvidia", "count": devices[0]["count"], "capabilities": ["gpu"]}
+        assert devices == [expected], f"{name}: GPU reservation {devices}"
+    vllm = compose["services"]["vllm"]
+    args = dict(a.split("=", 1) for a in vllm["command"] if "=" in a)
+    gpus = vllm["deploy"]["resources"]["reservations"]["devices"][0]["count"]
+    assert int(args["--tensor-parallel-size"]) == gpus, "tensor parallel size != reserved GPUs"
+    # the judge asks for the model by the name vLLM serves it under
+    judge_env = compose_env(compose["services"]["judge"])
+    assert substitute_default(args["--model"]) == substitute_default(judge_env["JUDGE_MODEL"] or "")
+    assert "--served-model-name" not in args, "served name must stay the model id (JUDGE_MODEL)"
+    for flag in ("--enable-prefix-caching", "--max-logprobs", "--structured-outputs-config"):
+        assert any(a.split("=")[0] == flag for a in vllm["command"]), f"vllm lacks {flag}"
+
+
+def test_volumes_for_redis_data_and_model_caches(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    declared = set(compose.get("volumes", {}))
+
+    def mounts(name: str) -> dict[str, str]:
+        out = {}
+        for v in services[name].get("volumes", []):
+            source, target = v.split(":")[:2]
+            out[target] = source
+        return out
+
+    assert mounts("redis")["/data"] in declared
+    assert mounts("embedding")["/home/arbiter/.cache/huggingface"] in declared
+    assert mounts("vllm")["/root/.cache/huggingface"] in declared
+    named = {s for n in services for s in mounts(n).values() if not s.startswith((".", "/", "$"))}
+    assert named == declared, f"volumes used {named} != declared {declared}"
+
+
+def test_images_are_pinned(compose: dict[str, Any]) -> None:
+    for name, svc in compose["services"].items():
+        image = substitute_default(svc["image"])
+        tag = image.rpartition(":")[2]
+        assert ":" in image and tag != "latest" and re.search(r"\d", tag), f"{name}: {image}"
+
+
+def test_env_example_lists_every_variable_with_its_default(compose: dict[str, Any]) -> None:
+    text = COMPOSE.read_text()
+    listed = env_example_names()
+    read: dict[str, str] = {}  # every variable compose reads -> the default it shows
+    for name in compose_variables(text):
+        m = re.search(r"\$\{" + name + r"(?::?-([^}]*))?\}", text)
+        read[name] = (m.group(1) if m else "") or ""
+    for svc_name, svc in compose["services"].items():
+        env = compose_env(svc)
+        info = settings_info(svc_name) if svc_name in SERVICES else None
+        for key, raw in env.items():
+            if raw is not None:
+                continue  # fixed, or ${...} (counted above)
+            default = ""
+            if info is not None:
+                fields = [f for f, names in info.fields.items() if key in names]
+                default = info.defaults[fields[0]] if fields else ""
+            read.setdefault(key, default)
+    missing = sorted(set(read) - set(listed))
+    assert not missing, f".env.example lacks variables docker-compose.yml reads: {missing}"
+    extra = sorted(set(listed) - set(read) - {"COMPOSE_PROFILES"})
+    assert not extra, f".env.example lists variables docker-compose.yml never reads: {extra}"
+    wrong = {k: (listed[k], v) for k, v in read.items() if listed[k] != v}
+    assert not wrong, f".env.example shows a value other than the default (shown, default): {wrong}"
+
+
+def test_recipes_file_loads_and_matches_the_configmap() -> None:
+    compose_recipes = REPO / "docker" / "recipes.yaml"
+    book = RecipeBook(compose_recipes)  # the gateway's own loader: raises on a bad file
+    assert {"gsm8k-full", "gsm8k-math"} <= book.names
+    configmap = yaml.safe_load((K8S / "base" / "recipes-configmap.yaml").read_text())
+    assert yaml.safe_load(configmap["data"]["recipes.yaml"]) == yaml.safe_load(
+        compose_recipes.read_text()
+    ), "docker/recipes.yaml and the arbiter-recipes ConfigMap differ"
