@@ -83,6 +83,10 @@ def sample_groups(data_dir: Path, n: int) -> list[dict[str, Any]]:
     return groups
 
 
+def _fmt(value: float | None) -> str:
+    return "null" if value is None else f"{value:.3g}"
+
+
 def score_samples(gateway: str, data_dir: Path, n: int, recipe: str) -> None:
     body = {"recipe": recipe, "groups": sample_groups(data_dir, n)}
     r = httpx.post(f"{gateway}/v1/score", json=body, timeout=120)
@@ -92,7 +96,7 @@ def score_samples(gateway: str, data_dir: Path, n: int, recipe: str) -> None:
     print(f"{'group':<8} {'resp':>4}  {'reward':>7}  components")
     for g in out["groups"]:
         for j, reward in enumerate(g["rewards"]):
-            comps = "  ".join(f"{k}={v[j]}" for k, v in g["components"].items())
+            comps = "  ".join(f"{k}={_fmt(v[j])}" for k, v in g["components"].items())
             shown = "null" if reward is None else f"{reward:.3f}"
             print(f"{g['id']:<8} {j:>4}  {shown:>7}  {comps}")
     print(f"usage: {out['usage']}\n")
