@@ -71,7 +71,7 @@ def vllm_server(vllm_python: str, tiny_model_dir: Path, log_dir: Path) -> Iterat
         log_path=log_dir / f"vllm-{port}.log",
     ).start()
     try:
-        proc.wait_ready(180)  # ~25 s alone; minutes on a loaded 2-core machine
+        proc.wait_ready(240)  # ~25 s alone; 2+ minutes on a loaded 2-core machine
     except Exception:
         proc.stop()
         tail = proc.log_path.read_text()[-3000:] if proc.log_path else ""
