@@ -1,0 +1,35 @@
+"""``python -m trainer --config CONFIG.yaml [key=value ...]`` (also under ``torchrun``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from trainer.config import ConfigError, TrainerConfig, help_text
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer",
+        description="GRPO trainer scoring rollout groups through the Arbiter gateway.",
+        epilog="Overrides: key=value (YAML values), e.g. steps=50 beta=0.04 pipeline=true.",
+    )
+    parser.add_argument("--config", help="YAML file of settings (see --help-config)")
+    parser.add_argument("--help-config", action="store_true", help="list every setting and exit")
+    parser.add_argument("overrides", nargs="*", help="key=value settings applied after --config")
+    args = parser.parse_args(argv)
+    if args.help_config:
+        sys.stdout.write(help_text() + "\n")
+        return 0
+    try:
+        cfg = TrainerConfig.load(args.config, args.overrides)
+    except (ConfigError, FileNotFoundError) as e:
+        parser.exit(2, f"config error: {e}\n")
+    from trainer.loop import train
+
+    train(cfg)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,243 @@
+"""Multi-turn rollouts (Flow-GRPO): the policy acts, an environment answers, repeat.
+
+An ``Environment`` is reset with a task and returns the first user message; each
+``step(action_text)`` returns the observation text to append and whether the episode is
+over. The policy's tokens (actions) are trained on; the observation tokens sit in the
+context but get loss mask 0. The trajectory's reward (scored on the whole completion
+text) is the advantage of every action token of every turn. A group is G trajectories of
+the same task.
+
+Token ids are never re-tokenised: each turn's sampled ids are kept as sampled (cut after
+the environment's stop string), observations are tokenised on their own and appended, so
+the training forward sees exactly the sequence the policy was sampled on.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from trainer.data import Problem, chat_messages, render_prompt
+from trainer.rollout import Rollout, collate, generate
+
+CALC_INSTRUCTION = (
+    "Solve the math problem. Reason step by step inside <think>...</think>, then give only "
+    "the final number inside <answer>...</answer>. While thinking you may use a calculator: "
+    "write <calc>EXPRESSION</calc> (numbers, + - * / ** and parentheses) and the result "
+    "comes back as <result>VALUE</result>."
+)
+
+
+@dataclass
+class Step:
+    observation: str
+    done: bool
+
+
+class Environment(Protocol):
+    """reset(task) -> first user message; step(action) -> observation, done."""
+
+    stop_strings: tuple[str, ...]  # an action ends at the first of these (or at EOS)
+
+    def reset(self, problem: Problem) -> str: ...
+
+    def step(self, action: str, *, eos: bool) -> Step: ...
+
+
+_OPS: dict[type, Any] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+
+
+def safe_eval(expr: str) -> float:
+    """Arithmetic only (no names, calls or attributes); exponents capped to keep it cheap."""
+
+    def ev(node: ast.AST) -> float:
+        if isinstance(node, ast.Expression):
+            return ev(node.body)
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool)
+        ):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 1e6):
+                raise ValueError("exponent too large")
+            return float(_OPS[type(node.op)](left, right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+            return float(_OPS[type(node.op)](ev(node.operand)))
+        raise ValueError(f"unsupported expression element {type(node).__name__}")
+
+    cleaned = (
+        expr.replace(",", "")
+        .replace("x", "*")
+        .replace("×", "*")
+        .replace("÷", "/")
+        .replace("^", "**")
+    )
+    if len(cleaned) > 200:
+        raise ValueError("expression too long")
+    return ev(ast.parse(cleaned.strip(), mode="eval"))
+
+
+def format_number(v: float) -> str:
+    if v != v or v in (float("inf"), float("-inf")):
+        return "error"
+    return str(round(v)) if abs(v - round(v)) < 1e-9 else f"{v:.6g}"
+
+
+class CalculatorEnv:
+    """GSM8K with a calculator tool: ``<calc>12*7</calc>`` -> ``<result>84</result>``."""
+
+    stop_strings: tuple[str, ...] = ("</calc>",)
+    _CALC = re.compile(r"<calc>(.*?)</calc>\s*$", re.DOTALL)
+
+    def __init__(self, system_prompt: str = "") -> None:
+        self.system_prompt = system_prompt
+
+    def reset(self, problem: Problem) -> str:
+        return f"{CALC_INSTRUCTION}\n\n{problem.question}"
+
+    def step(self, action: str, *, eos: bool) -> Step:
+        m = self._CALC.search(action)
+        if eos or m is None:
+            return Step(observation="", done=True)
+        try:
+            value = format_number(safe_eval(m.group(1)))
+        except (
+            ValueError,
+            SyntaxError,
+            ZeroDivisionError,
+            OverflowError,
+            TypeError,
+            RecursionError,
+        ):
+            value = "error"
+        return Step(observation=f"<result>{value}</result>", done=False)
+
+
+def make_env(name: str, system_prompt: str = "") -> Environment | None:
+    if name == "none":
+        return None
+    if name == "calculator":
+        return CalculatorEnv(system_prompt)
+    raise ValueError(f"unknown env {name!r}")
+
+
+def cut_at_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> tuple[list[int], bool]:
+    """Shortest prefix of ``ids`` whose text contains a stop string (else all, False)."""
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    if not any(s in text for s in stops):
+        return ids, False
+    lo, hi = 1, len(ids)  # smallest k with a stop in decode(ids[:k])
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if any(s in tokenizer.decode(ids[:mid], skip_special_tokens=False) for s in stops):
+            hi = mid
+        else:
+            lo = mid + 1
+    return ids[:lo], True
+
+
+def multi_turn(
+    model: Any,
+    tokenizer: Any,
+    env_factory: Any,
+    problems: list[Problem],
+    *,
+    group_size: int,
+    max_turns: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    max_prompt_tokens: int,
+    system_prompt: str,
+    generator: torch.Generator | None,
+    precision: str,
+    device: torch.device,
+) -> Rollout:
+    """G trajectories per problem; each turn samples all active trajectories at once."""
+    envs = [env_factory() for _ in problems for _ in range(group_size)]
+    tasks = [p for p in problems for _ in range(group_size)]
+    prompts = [
+        render_prompt(tokenizer, chat_messages(env.reset(t), system_prompt))
+        for env, t in zip(envs, tasks, strict=True)
+    ]
+    prompt_ids = [
+        tokenizer(p, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for p in prompts
+    ]
+    comp: list[list[int]] = [[] for _ in envs]
+    act: list[list[int]] = [[] for _ in envs]
+    turns = [0] * len(envs)
+    active = list(range(len(envs)))
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    for _ in range(max_turns):
+        if not active:
+            break
+        ctx_ids, ctx_attn, _ = collate(
+            [prompt_ids[i] + comp[i] for i in active],
+            [[] for _ in active],
+            [[] for _ in active],
+            pad,
+            device,
+        )
+        ctx_ids, ctx_attn = (
+            ctx_ids[:, :-1],
+            ctx_attn[:, :-1],
+        )  # collate leaves one empty completion column
+        out_ids, out_mask = generate(
+            model,
+            ctx_ids,
+            ctx_attn,
+            tokenizer=tokenizer,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            generator=generator,
+            precision=precision,
+        )
+        still = []
+        for row, i in enumerate(active):
+            ids = out_ids[row][out_mask[row]].tolist()
+            ended_eos = bool(ids) and ids[-1] == eos
+            ids, stopped = cut_at_stop(tokenizer, ids, envs[i].stop_strings)
+            ended_eos = ended_eos and not stopped
+            comp[i] += ids
+            act[i] += [1] * len(ids)
+            turns[i] += 1
+            step = envs[i].step(
+                tokenizer.decode(ids, skip_special_tokens=True), eos=ended_eos or not stopped
+            )
+            if step.observation:
+                obs = tokenizer(step.observation, add_special_tokens=False)["input_ids"]
+                comp[i] += obs
+                act[i] += [0] * len(obs)
+            if not step.done:
+                still.append(i)
+        active = still
+    input_ids, attention_mask, loss_mask = collate(prompt_ids, comp, act, pad, device)
+    texts = [tokenizer.decode(c, skip_special_tokens=True) for c in comp]
+    return Rollout(
+        problems=problems,
+        prompts=prompts[::group_size],
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        texts=texts,
+        turns=turns,
+    )

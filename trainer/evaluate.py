@@ -1,0 +1,95 @@
+"""Held-out evaluation: greedy completions, accuracy from the gateway (verify's math_accuracy).
+
+Problems are sharded over ranks; sums are all-reduced so every rank gets the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from proto.gateway import ScoreGroup
+from trainer.config import TrainerConfig
+from trainer.data import Problem
+from trainer.env import make_env, multi_turn
+from trainer.rewards import RewardClient
+from trainer.rollout import single_turn
+from trainer.setup import Dist
+
+
+@torch.no_grad()
+def evaluate(
+    cfg: TrainerConfig,
+    model: Any,
+    tokenizer: Any,
+    problems: list[Problem],
+    rewards: RewardClient,
+    dist: Dist,
+    device: torch.device,
+    precision: str,
+) -> dict[str, float]:
+    mine = problems[dist.rank :: dist.world]
+    max_new = cfg.eval_max_new_tokens or cfg.max_new_tokens
+    texts: list[str] = []
+    chunk = max(1, cfg.rollouts_per_step)
+    for s in range(0, len(mine), chunk):
+        batch = mine[s : s + chunk]
+        common: dict[str, Any] = dict(
+            group_size=1,
+            max_new_tokens=max_new,
+            temperature=0.0,
+            top_p=1.0,
+            max_prompt_tokens=cfg.max_prompt_tokens,
+            system_prompt=cfg.system_prompt,
+            generator=None,
+            precision=precision,
+            device=device,
+        )
+        if cfg.env == "none":
+            r = single_turn(model, tokenizer, batch, **common)
+        else:
+            r = multi_turn(
+                model,
+                tokenizer,
+                lambda: make_env(cfg.env, cfg.system_prompt),
+                batch,
+                max_turns=cfg.max_turns,
+                **common,
+            )
+        texts.extend(r.texts)
+    sums: dict[str, list[float]] = {}
+    if mine:
+        groups = [
+            ScoreGroup(id=p.id, prompt=p.question, reference=p.reference, responses=[t])
+            for p, t in zip(mine, texts, strict=True)
+        ]
+        result = rewards.score(cfg.eval_recipe, groups)
+        for name in ["reward", *result.component_names()]:
+            vals = result.flat() if name == "reward" else result.flat_component(name)
+            ok = [v for v in vals if not math.isnan(v)]
+            sums[name] = [sum(ok), float(len(ok)), float(len(vals) - len(ok))]
+    names = sorted(sums)
+    # every rank must reduce the same keys: the eval recipe is the same on all ranks
+    flat = dist.all_sum([x for n in names for x in sums[n]], device)
+    out: dict[str, float] = {}
+    for i, n in enumerate(names):
+        total, count, nulls = flat[3 * i : 3 * i + 3]
+        out[f"eval/{n}"] = total / count if count else math.nan
+        out[f"eval/{n}/null"] = nulls
+    lens = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    out["eval/completion_len"] = sum(lens) / max(1, len(lens))
+    comp = [
+        k
+        for k in out
+        if k.startswith("eval/")
+        and k.count("/") == 1
+        and k not in ("eval/reward", "eval/completion_len")
+    ]
+    out["eval/accuracy"] = out.get(
+        "eval/math_accuracy",
+        out.get(comp[0], math.nan) if comp else out.get("eval/reward", math.nan),
+    )
+    out["eval/problems"] = float(len(problems))
+    return out

@@ -1,0 +1,161 @@
+"""GRPO maths: group advantages, per-token log-probs, the clipped surrogate with k3 KL.
+
+Shapes: ``S`` sequences (= groups x G), ``N`` completion tokens. ``loss_mask`` (S, N) is 1
+on tokens the policy produced (action tokens) and 0 on padding and on environment
+observation tokens, which are in the context but are not the policy's actions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def group_advantages(
+    rewards: torch.Tensor, group_size: int, *, scale: bool = True, eps: float = 1e-4
+) -> torch.Tensor:
+    """(S,) rewards with NaN for null/masked -> (S,) advantages.
+
+    Per group: A_j = (r_j - mean) / (std + eps), mean and (unbiased) std over the group's
+    non-null rewards only. Null rewards get A = 0; a group with < 2 non-null rewards gets 0
+    throughout (no baseline to compare against).
+    """
+    r = rewards.view(-1, group_size).double()
+    valid = ~torch.isnan(r)
+    n = valid.sum(dim=1, keepdim=True)
+    filled = torch.where(valid, r, torch.zeros_like(r))
+    mean = filled.sum(dim=1, keepdim=True) / n.clamp(min=1)
+    var = (torch.where(valid, r - mean, torch.zeros_like(r)) ** 2).sum(dim=1, keepdim=True) / (
+        n - 1
+    ).clamp(min=1)
+    adv = r - mean
+    if scale:
+        adv = adv / (var.sqrt() + eps)
+    adv = torch.where(valid & (n >= 2), adv, torch.zeros_like(adv))
+    return adv.view(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
+
+
+def group_std_is_zero(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(groups,) bool: all non-null rewards of the group equal (no learning signal)."""
+    r = rewards.view(-1, group_size)
+    valid = ~torch.isnan(r)
+    hi = torch.where(valid, r, torch.full_like(r, -math.inf)).amax(dim=1)
+    lo = torch.where(valid, r, torch.full_like(r, math.inf)).amin(dim=1)
+    return (hi - lo <= 1e-12) | (valid.sum(dim=1) < 2)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log softmax(logits)[targets]: (S, N, V), (S, N) -> (S, N), in fp32."""
+    logits = logits.float()
+    return torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(
+        logits, dim=-1
+    )
+
+
+@torch.no_grad()
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """(S, N, V) -> (S, N) entropy of the sampling distribution (temperature 1)."""
+    logp = F.log_softmax(logits.float(), dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def completion_logits(
+    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int
+) -> torch.Tensor:
+    """Logits that predict the last ``n_completion`` tokens: (S, N, V).
+
+    Position ids follow the attention mask (left padding), as generation used them.
+    """
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask.long(),
+        position_ids=position_ids,
+        logits_to_keep=n_completion + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1]
+
+
+@dataclass
+class LossParts:
+    loss: torch.Tensor  # scalar, this micro-batch's share of the batch loss
+    pg_sum: torch.Tensor  # sum of masked per-token policy loss (for logging)
+    kl_sum: torch.Tensor  # sum of masked per-token k3 KL
+    clipped: torch.Tensor  # number of masked tokens where clipping is active
+    ratio_sum: torch.Tensor
+
+
+def grpo_loss(
+    logps: torch.Tensor,
+    old_logps: torch.Tensor,
+    advantages: torch.Tensor,
+    loss_mask: torch.Tensor,
+    *,
+    ref_logps: torch.Tensor | None = None,
+    beta: float = 0.0,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    agg: str = "token_mean",
+    norm: float | None = None,
+) -> LossParts:
+    """Clipped surrogate + beta * k3 KL, aggregated over (S, N) masked tokens.
+
+    per_token = max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)) + beta * k3,
+    ratio = exp(logp - old_logp), k3 = exp(ref - logp) - (ref - logp) - 1.
+
+    ``agg="token_mean"``: sum over tokens / ``norm`` (default: this batch's token count);
+    ``agg="seq_mean"``: sum over sequences of the per-sequence token mean / ``norm``
+    (default: number of sequences). Pass ``norm`` = the whole batch's count when the batch
+    is split into micro-batches, so the micro-batch losses add up to the batch loss.
+    """
+    mask = loss_mask.to(logps.dtype)
+    ratio = torch.exp(logps - old_logps)
+    adv = advantages.unsqueeze(-1)  # (S, 1)
+    pg1 = -adv * ratio
+    pg2 = -adv * torch.clamp(ratio, 1 - eps_low, 1 + eps_high)
+    per_token = torch.maximum(pg1, pg2)
+    kl = torch.zeros_like(per_token)
+    if beta > 0 and ref_logps is not None:
+        d = ref_logps - logps
+        kl = torch.exp(d) - d - 1
+        per_token = per_token + beta * kl
+    if agg == "token_mean":
+        total = (per_token * mask).sum()
+        loss = total / (norm if norm is not None else mask.sum().clamp(min=1))
+    elif agg == "seq_mean":
+        lens = mask.sum(-1)
+        seq = (per_token * mask).sum(-1) / lens.clamp(min=1)
+        loss = seq.sum() / (norm if norm is not None else max(1, int((lens > 0).sum())))
+    else:
+        raise ValueError(f"unknown loss aggregation {agg!r}")
+    clipped = ((ratio < 1 - eps_low) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
+    return LossParts(
+        loss=loss,
+        pg_sum=(torch.maximum(pg1, pg2) * mask).sum().detach(),
+        kl_sum=(kl * mask).sum().detach(),
+        clipped=(clipped.to(mask.dtype) * mask).sum().detach(),
+        ratio_sum=(ratio * mask).sum().detach(),
+    )
+
+
+def build_optimizer(
+    model: torch.nn.Module,
+    *,
+    lr: float,
+    betas: tuple[float, float],
+    weight_decay: float,
+    warmup_steps: int,
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    """AdamW over trainable parameters with linear warm-up, then constant."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = bool(params) and params[0].is_cuda
+    opt = torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused)
+    warm = max(0, warmup_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / (warm + 1)) if warm else 1.0
+    )
+    return opt, sched

@@ -1,0 +1,118 @@
+"""Run-directory logging: metrics.jsonl (one line per step / eval), progress bar, curves.png.
+
+Only rank 0 writes. Every step line carries ``step`` and ``kind`` ("train", "eval",
+"skip"); curves.png plots train reward (mean and per component) and eval accuracy.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("trainer")
+
+
+class RunLogger:
+    def __init__(
+        self, run_dir: Path, *, total_steps: int, start_step: int, enabled: bool, progress: bool
+    ) -> None:
+        self.run_dir = run_dir
+        self.enabled = enabled
+        self.path = run_dir / "metrics.jsonl"
+        self.bar: Any = None
+        if enabled and progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, desc="grpo", dynamic_ncols=True)
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        record = {"time": round(time.time(), 3), **record}
+        with self.path.open("a") as f:
+            f.write(json.dumps(_clean(record)) + "\n")
+
+    def step(self, record: dict[str, Any]) -> None:
+        self.write({"kind": "train", **record})
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(
+                reward=f"{record.get('reward/mean', float('nan')):.3f}",
+                kl=f"{record.get('kl', 0.0):.4f}",
+                len=f"{record.get('completion_len/mean', 0):.0f}",
+                wait=f"{record.get('time/reward_wait', 0):.2f}s",
+            )
+        elif self.enabled:
+            log.info(
+                "step %d reward %.3f len %.1f step %.2fs",
+                record["step"],
+                record.get("reward/mean", float("nan")),
+                record.get("completion_len/mean", 0.0),
+                record.get("time/step", 0.0),
+            )
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_curves(run_dir: Path) -> Path | None:
+    """curves.png: train reward (mean + components) and eval accuracy against step."""
+    records = read_metrics(run_dir / "metrics.jsonl")
+    train = [r for r in records if r.get("kind") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval"]
+    if not train and not evals:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    ax = axes[0]
+    steps = [r["step"] for r in train]
+    comps = {k for r in train for k in r if k.startswith("reward/") and k.endswith("/mean")}
+    keys = ["reward/mean", *sorted(comps - {"reward/mean"})]
+    for key in keys:
+        ys = [r.get(key) for r in train]
+        ax.plot(
+            steps,
+            [math.nan if y is None else y for y in ys],
+            label=key.removeprefix("reward/").removesuffix("/mean") or "reward",
+        )
+    ax.set_xlabel("step")
+    ax.set_title("train reward (mean per step)")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    ax = axes[1]
+    if evals:
+        ax.plot([r["step"] for r in evals], [r.get("eval/accuracy") for r in evals], marker="o")
+    ax.set_xlabel("step")
+    ax.set_title("held-out accuracy (greedy)")
+    ax.set_ylim(0, 1)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out = run_dir / "curves.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

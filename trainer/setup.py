@@ -1,0 +1,135 @@
+"""Process set-up: distributed (torchrun), device and precision, models, run directory."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as torch_dist
+
+from trainer.config import TrainerConfig
+
+log = logging.getLogger("trainer")
+
+
+@dataclass
+class Dist:
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+    def all_sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Sum a list of floats over ranks (identity on one process)."""
+        if not self.enabled:
+            return list(values)
+        t = torch.tensor(values, dtype=torch.float64, device=device)
+        torch_dist.all_reduce(t)
+        return [float(x) for x in t.tolist()]
+
+    def any(self, flag: bool, device: torch.device) -> bool:
+        return self.all_sum([1.0 if flag else 0.0], device)[0] > 0
+
+    def barrier(self) -> None:
+        if self.enabled:
+            torch_dist.barrier()
+
+
+def init_distributed(device_pref: str) -> tuple[Dist, torch.device]:
+    """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK: one process per GPU (gloo on CPU)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    cuda = torch.cuda.is_available() and device_pref in ("auto", "cuda")
+    if device_pref == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but no GPU is visible; set device=cpu or device=auto")
+    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if world > 1 and not torch_dist.is_initialized():
+        torch_dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return Dist(rank=rank, world=world, local_rank=local), device
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision == "auto":
+        return "bf16-mixed" if device.type == "cuda" else "fp32"
+    if precision != "fp32" and device.type != "cuda":
+        log.warning(
+            "precision=%s on CPU: using fp32 (bf16 on CPU is slow and inexact here)", precision
+        )
+        return "fp32"
+    return precision
+
+
+def load_model(
+    path: str | Path,
+    device: torch.device,
+    precision: str,
+    *,
+    trainable: bool,
+    gradient_checkpointing: bool = False,
+) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    # bf16-mixed keeps fp32 master weights for the policy; the frozen reference needs no
+    # master copy, so it is held in bf16 whenever the policy computes in bf16.
+    bf16 = precision == "bf16" or (precision == "bf16-mixed" and not trainable)
+    model: Any = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch.bfloat16 if bf16 else torch.float32
+    )
+    model = model.to(device=device)
+    if trainable:
+        model.train()
+        if gradient_checkpointing:
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}
+            )
+            model.config.use_cache = False
+    else:
+        model.eval()
+        model.requires_grad_(False)
+    return model
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def setup_logging(main: bool) -> None:
+    logging.basicConfig(
+        level=logging.INFO if main else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def prepare_run_dir(cfg: TrainerConfig, dist: Dist) -> Path:
+    run_dir = Path(cfg.run_dir)
+    if dist.main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not cfg.resume and (run_dir / "metrics.jsonl").exists():
+            raise RuntimeError(
+                f"{run_dir} already holds a run: set resume=true to continue it, "
+                "or pick a new run_dir"
+            )
+        cfg.dump(run_dir / "config.yaml")
+    dist.barrier()
+    return run_dir
