@@ -84,7 +84,7 @@ def sample_groups(data_dir: Path, n: int) -> list[dict[str, Any]]:
 
 
 def _fmt(value: float | None) -> str:
-    return "null" if value is None else f"{value:.3g}"
+    return "null" if value is None else f"{value:.3f}"
 
 
 def score_samples(gateway: str, data_dir: Path, n: int, recipe: str) -> None:

@@ -37,7 +37,7 @@ def test_up_once_scores_samples_and_stops_everything(tmp_path: Path, gsm8k_dir: 
     assert done.returncode == 0, done.stdout + done.stderr
     # The sample table: a correct, formatted response scores math 1.0 and format 1.0.
     assert "recipe gsm8k-diverse" in done.stdout
-    assert "math_accuracy=1.0" in done.stdout and "format=1.0" in done.stdout
+    assert "math_accuracy=1.000" in done.stdout and "format=1.000" in done.stdout
     assert "Arbiter is up" in done.stdout
     assert not any(_listening(p) for p in ports), "a child process outlived `arbiter up`"
 
