@@ -36,11 +36,22 @@ class _ItemTimeout(Exception):
     pass
 
 
+def _mv_text(text: str) -> str:
+    """What math-verify reads: a plain number in canonical form (so ``72 dollars`` is not
+    read as the product 72·d·o·l·l·a·r·s), anything else with LaTeX delimiters."""
+    num = to_number(text)
+    if num is None:
+        return latex_wrap(text)
+    v = num.value
+    body = str(v.numerator) if v.denominator == 1 else f"\\frac{{{v.numerator}}}{{{v.denominator}}}"
+    return f"${body}\\%$" if num.percent else f"${body}$"
+
+
 def _parse(text: str, timeout_s: int, gold: bool) -> list[Any]:
     try:
         return list(
             parse(
-                latex_wrap(text),
+                _mv_text(text),
                 fallback_mode="no_fallback" if gold else "first_match",
                 parsing_timeout=timeout_s,
                 raise_on_error=True,
