@@ -102,7 +102,7 @@ def stub_root(log_dir: Path) -> Iterator[str]:
         "judge-stub",
         "tests.services.judge.stub:create_app",
         port,
-        env={"STUB_SLOW_S": "30"},
+        env={"STUB_SLOW_S": "10"},
         log_path=log_dir / f"judge-stub-{port}.log",
         ready_path="/health",
     )
