@@ -62,7 +62,8 @@ class ServiceSettingsInfo:
         return {k: v for k, v in self.fields.items() if k not in ("host", "port")}
 
 
-def settings_info(service: str) -> ServiceSettingsInfo:
+def settings_class(service: str) -> type[Any]:
+    """The ServiceSettings subclass defined in services/<service>/settings.py."""
     from services.common.settings import ServiceSettings
 
     module = importlib.import_module(f"services.{service}.settings")
@@ -78,7 +79,11 @@ def settings_info(service: str) -> ServiceSettingsInfo:
         f"services/{service}/settings.py should define exactly one ServiceSettings subclass, "
         f"found {[c.__name__ for c in classes]}"
     )
-    cls = classes[0]
+    return classes[0]
+
+
+def settings_info(service: str) -> ServiceSettingsInfo:
+    cls = settings_class(service)
     prefix = str(cls.model_config.get("env_prefix", ""))
     populate = bool(cls.model_config.get("populate_by_name", False))
     fields: dict[str, tuple[str, ...]] = {}
@@ -337,14 +342,14 @@ def render(directory: Path) -> list[dict[str, Any]]:
         for r in hits:
             r["spec"]["replicas"] = rep["count"]
     for image in k.get("images", []):
-        hits = 0
+        changed = 0
         for r in out:
             for c in pod_containers(r):
                 name, _, tag = c["image"].partition(":")
                 if name == image["name"]:
-                    hits += 1
+                    changed += 1
                     c["image"] = f"{image.get('newName', name)}:{image.get('newTag', tag)}"
-        assert hits, f"{directory}: images entry {image['name']!r} matches no container"
+        assert changed, f"{directory}: images entry {image['name']!r} matches no container"
     if "namespace" in k:
         for r in out:
             if r["kind"] not in CLUSTER_SCOPED:
