@@ -166,7 +166,7 @@ def phase_ours(a: ModuleType, tok: Any, dev: str, steps: int) -> dict[str, Any]:
 
     # full GRPO steps with the trainer's loss code (falls back to an equivalent local copy)
     try:
-        from trainer.grpo import completion_logits, grpo_loss, group_advantages, token_logprobs
+        from trainer.grpo import completion_logits, group_advantages, grpo_loss, token_logprobs
 
         res["loss_code"] = "trainer.grpo (group_advantages, completion_logits, grpo_loss)"
     except ImportError as e:  # pragma: no cover - only while trainer.grpo is being written
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> None:
                 res["ours"] = phase_ours(a, tok, dev, args.steps)
             elif ph == "trl":
                 res["trl"] = phase_trl(a, tok)
-        except Exception as e:  # noqa: BLE001 - keep the other phases' numbers
+        except Exception as e:
             import traceback
 
             traceback.print_exc()

@@ -218,10 +218,10 @@ class Sampler:
             vals = bk.v_cache[li][:, :, :s]
             # HF eager attention numerics: scores in the model dtype, softmax in float32
             qg = q.reshape(b, h_kv, group * t, d)
-            scores = torch.matmul(qg, keys.transpose(-1, -2)) * attn.scaling
+            scores = torch.matmul(qg.to(keys.dtype), keys.transpose(-1, -2)) * attn.scaling
             scores = scores.view(b, h_kv, group, t, s).float() + bias
             probs = scores.softmax(dim=-1).to(x.dtype).view(b, h_kv, group * t, s)
-            o = torch.matmul(probs, vals)  # (B, KVH, G*T, D) -> (B, H, T, D)
+            o = torch.matmul(probs, vals.to(probs.dtype))  # (B, KVH, G*T, D) -> (B, H, T, D)
             o = o.view(b, h_q, t, d).transpose(1, 2).reshape(b, t, h_q * d)
             x = x + attn.o_proj(o)
             x = x + layer.mlp(layer.post_attention_layernorm(x))
@@ -232,7 +232,12 @@ class Sampler:
 
     # ------------------------------------------------------------------ buffers and graphs
     def _bucket(self, b: int, c: int, n: int, temperature: float, top_p: float) -> _Bucket:
-        key = (b, c, n, float(temperature), float(top_p))
+        dtype = self.model.model.embed_tokens.weight.dtype
+        cache_dtype = dtype
+        dev_type = self.device.type
+        if torch.is_autocast_enabled(dev_type):  # e.g. fp32 master weights under bf16 autocast
+            cache_dtype = torch.get_autocast_dtype(dev_type)
+        key = (b, c, n, float(temperature), float(top_p), cache_dtype)
         bk = self._buckets.get(key)
         if bk is not None:
             self._buckets.move_to_end(key)
@@ -240,7 +245,6 @@ class Sampler:
         while len(self._buckets) >= _MAX_BUCKETS:
             self._buckets.popitem(last=False)
         _, h_kv, d = self._dims()
-        dtype = self.model.model.embed_tokens.weight.dtype
         dev = self.device
         n_layers = len(self.model.model.layers)
 
@@ -249,8 +253,8 @@ class Sampler:
 
         bk = _Bucket(
             key=key,
-            k_cache=[zeros(b, h_kv, c, d, dt=dtype) for _ in range(n_layers)],
-            v_cache=[zeros(b, h_kv, c, d, dt=dtype) for _ in range(n_layers)],
+            k_cache=[zeros(b, h_kv, c, d, dt=cache_dtype) for _ in range(n_layers)],
+            v_cache=[zeros(b, h_kv, c, d, dt=cache_dtype) for _ in range(n_layers)],
             valid=zeros(b, c, dt=torch.bool),
             tokens=zeros(b),
             pos=zeros(b),
@@ -270,11 +274,11 @@ class Sampler:
 
     def _decode_step(self, bk: _Bucket) -> None:
         """One token for every row; all state lives in ``bk`` (so it can be graph-captured)."""
-        _, _, _, temperature, top_p = bk.key
+        temperature, top_p = bk.key[3], bk.key[4]
         bk.valid.index_fill_(1, bk.slot, True)
 
         def write(cache: torch.Tensor, new: torch.Tensor) -> None:
-            cache.index_copy_(2, bk.slot, new)
+            cache.index_copy_(2, bk.slot, new.to(cache.dtype))
 
         logits = self._forward(
             bk.tokens[:, None], bk.pos[:, None], bk, bk.valid[:, None, :], write, last_only=False
@@ -348,7 +352,7 @@ class Sampler:
         mask = causal[None] & prompt_mask[:, None, :]
 
         def write_prefix(cache: torch.Tensor, new: torch.Tensor) -> None:
-            cache[:, :, :p].copy_(new)
+            cache[:, :, :p].copy_(new.to(cache.dtype))
 
         logits = self._forward(prompt_ids, pos, bk, mask, write_prefix, last_only=True)
         noise = torch.rand(
