@@ -325,7 +325,10 @@ def render(directory: Path) -> list[dict[str, Any]]:
             f"{directory}: patch for {doc['kind']}/{doc['metadata']['name']} matches "
             f"{len(target)} resources"
         )
-        out[target[0]] = strategic_merge(out[target[0]], doc)
+        if doc.get("$patch") == "delete":
+            del out[target[0]]
+        else:
+            out[target[0]] = strategic_merge(out[target[0]], doc)
     for label in k.get("labels", []):
         assert not label.get("includeSelectors") and not label.get("includeTemplates"), (
             f"{directory}: labels with includeSelectors/includeTemplates are not rendered"

@@ -202,11 +202,12 @@ def test_env_example_lists_every_variable_with_its_default(compose: dict[str, An
                 default = info.defaults[fields[0]] if fields else ""
             read.setdefault(key, default)
     missing = sorted(set(read) - set(listed))
-    assert not missing, f".env.example lacks variables docker-compose.yml reads: {missing}"
+    regen = "; regenerate it: .venv/bin/python -m tests.deploy.env_example"
+    assert not missing, f".env.example lacks variables docker-compose.yml reads: {missing}{regen}"
     extra = sorted(set(listed) - set(read) - {"COMPOSE_PROFILES"})
-    assert not extra, f".env.example lists variables docker-compose.yml never reads: {extra}"
+    assert not extra, f".env.example lists variables compose never reads: {extra}{regen}"
     wrong = {k: (listed[k], v) for k, v in read.items() if listed[k] != v}
-    assert not wrong, f".env.example shows a value other than the default (shown, default): {wrong}"
+    assert not wrong, f".env.example shows other values than the defaults: {wrong}{regen}"
 
 
 def test_recipes_file_loads_and_matches_the_configmap() -> None:

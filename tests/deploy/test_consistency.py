@@ -210,7 +210,8 @@ def _k8s_env(res: dict[tuple[str, str], Any], container: dict[str, Any]) -> dict
             out[e["name"]] = str(e["value"])
         elif "secretKeyRef" in e.get("valueFrom", {}):
             ref = e["valueFrom"]["secretKeyRef"]
-            out[e["name"]] = str(res[("Secret", ref["name"])]["stringData"][ref["key"]])
+            secret = res.get(("Secret", ref["name"]))  # absent: created out of band (prod)
+            out[e["name"]] = str(secret["stringData"][ref["key"]]) if secret else "external"
     return out
 
 
