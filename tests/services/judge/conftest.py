@@ -88,8 +88,14 @@ def judge_env(base_url: str, model: str, **extra: str) -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def judge_url(vllm_server: VLLMServer, log_dir: Path) -> Iterator[str]:
-    """The judge service in front of the real vLLM server."""
-    proc, url = start_service("judge", log_dir, judge_env(vllm_server.base_url, VLLM_MODEL))
+    """The judge service in front of the real vLLM server.
+
+    Labels constrained by default: a random model rarely lists Yes/No in its top 20, so
+    unconstrained the verifier would mostly answer judge_no_label (tests that want the
+    unconstrained read pass ``constrain_labels: false``).
+    """
+    env = judge_env(vllm_server.base_url, VLLM_MODEL, constrain_labels="true")
+    proc, url = start_service("judge", log_dir, env)
     yield url
     proc.stop()
 

@@ -97,10 +97,10 @@ def _vocab(model_dir: Path) -> int:
 @pytest.mark.parametrize(
     "params",
     [
-        # the default read: top 5, unconstrained (a random model rarely lists Yes/No there)
-        {"top_logprobs": 5},
+        # top 5, unconstrained (a random model rarely lists Yes/No there: judge_no_label)
+        {"top_logprobs": 5, "constrain_labels": False},
         # the whole vocabulary (vLLM --max-logprobs -1): both labels always listed
-        {"top_logprobs": "vocab"},
+        {"top_logprobs": "vocab", "constrain_labels": False},
         # vLLM's choice constraint: both labels in the top 5, ratio unchanged
         {"top_logprobs": 5, "constrain_labels": True},
     ],
