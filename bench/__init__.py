@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m bench.<area>``; each measures against a baseline in the same run."""
