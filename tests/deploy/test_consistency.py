@@ -257,9 +257,15 @@ def test_k8s_deployment_agrees_with_settings(
     assert [p["port"] for p in svc["spec"]["ports"]] == [si.port], f"k8s/{target} Service"
 
 
-def test_trainer_compose_command_names_real_config_fields(compose: Any) -> None:
+def test_trainer_image_and_compose_command_name_real_config(compose: Any, dockerfile: Any) -> None:
     from trainer.config import TrainerConfig
 
+    _, stages = dockerfile
+    trainer = stages["trainer"]
+    assert trainer.exec_form("ENTRYPOINT") == ["python", "-m", "trainer"]
+    image_cmd = trainer.exec_form("CMD")
+    assert image_cmd[0] == "--config" and (REPO / image_cmd[1]).is_file(), image_cmd
+    assert trainer.all("HEALTHCHECK") == ["NONE"], "a batch job has no health endpoint"
     command = [substitute_default(c) for c in compose["services"]["trainer"]["command"]]
     assert command[0] == "--config"
     config = REPO / command[1]
