@@ -153,6 +153,7 @@ class WorkerPool:
                 loop.remove_reader(w.conn.fileno())
                 w.dead = True
                 w.inbox.put_nowait(_EOF)
+                self._has_work.set()  # wake its slot so it is replaced even when idle
 
         loop.add_reader(w.conn.fileno(), readable)
         self._workers[slot] = w
@@ -219,7 +220,8 @@ class WorkerPool:
                 await self._replace(slot, "died_idle")
                 continue
             if not self._queue:
-                await self._has_work.wait()
+                self._has_work.clear()
+                await self._has_work.wait()  # also set when a worker's pipe closes
                 continue
             chunk = self._take()
             if chunk:

@@ -8,7 +8,9 @@ the pool and math-verify) and a small item limit serves the deadline and limit t
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from arbiter.procs import ManagedProcess
 from tests.conftest import start_service
 from tests.services.verify.cases import FORMAT_CASES, MATH_CASES, NULL_CASES
 
@@ -25,7 +28,7 @@ MARGIN_S = 4.0  # process kill + replacement + HTTP, on a loaded 2-core machine
 
 
 @pytest.fixture(scope="module")
-def strict_url(log_dir: Path) -> Iterator[str]:
+def strict_service(log_dir: Path) -> Iterator[tuple[ManagedProcess, str]]:
     proc, url = start_service(
         "verify",
         log_dir,
@@ -37,8 +40,30 @@ def strict_url(log_dir: Path) -> Iterator[str]:
             "VERIFY_MAX_ITEMS": "64",
         },
     )
-    yield url
+    yield proc, url
     proc.stop()
+
+
+@pytest.fixture(scope="module")
+def strict_url(strict_service: tuple[ManagedProcess, str]) -> str:
+    return strict_service[1]
+
+
+def _descendants(pid: int) -> list[int]:
+    """Process ids below ``pid`` (from /proc), nearest first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = children.get(todo.pop(0), [])
+        out.extend(kids)
+        todo.extend(kids)
+    return out
 
 
 def _math(url: str, groups: list[dict[str, Any]], timeout: float = 60.0) -> dict[str, Any]:
@@ -152,6 +177,36 @@ def test_overrun_kills_and_replaces_worker(strict_url: str) -> None:
     assert group["scores"] == [None, 1.0, None, 0.0, 1.0]
     assert {(e["index"], e["kind"]) for e in group["errors"]} == {(0, "timeout"), (2, "timeout")}
     assert _metric(strict_url, "verify_worker_restarts_total") >= before + 2
+
+
+def test_worker_killed_from_outside_is_replaced(strict_service: tuple[ManagedProcess, str]) -> None:
+    # A real fault: SIGKILL one pool worker (a grandchild of uvicorn, below the
+    # forkserver) while it is idle. Its slot notices the closed pipe, starts a new worker,
+    # and readiness and scoring carry on.
+    proc, url = strict_service
+    assert proc.proc is not None
+    before = _metric(url, "verify_worker_restarts_total")
+    workers = [p for p in _descendants(proc.proc.pid) if p not in _children(proc.proc.pid)]
+    assert len(workers) == 2, workers
+    os.kill(workers[0], signal.SIGKILL)
+    deadline = time.monotonic() + DEADLINE_S + MARGIN_S
+    while _metric(url, "verify_worker_restarts_total") < before + 1:
+        assert time.monotonic() < deadline, "dead worker not replaced"
+        time.sleep(0.1)
+    assert httpx.get(f"{url}/readyz").status_code == 200
+    body = _math(url, [{"reference": "2", "responses": ["\\boxed{2}"] * 8}])
+    assert body["groups"][0]["scores"] == [1.0] * 8
+
+
+def _children(pid: int) -> list[int]:
+    return [p for p in _descendants(pid) if _ppid(p) == pid]
+
+
+def _ppid(pid: int) -> int:
+    try:
+        return int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
 
 
 ADVERSARIAL = ["<answer>" * 12_000, "\\boxed{" * 14_000, "{" * 99_000, "1," * 49_000]
