@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from proto.components import ComponentResponse
 from services.gateway.recipes import ComponentSpec
 from services.gateway.settings import SERVICES, GatewaySettings
+from services.gateway.transport import LeanTransport
 
 log = logging.getLogger("arbiter.gateway.fanout")
 
@@ -59,13 +60,17 @@ class ComponentClient:
     def __init__(self, settings: GatewaySettings):
         self.settings = settings
         per_service = settings.max_concurrency
+        limits = httpx.Limits(
+            max_connections=per_service * len(SERVICES),
+            max_keepalive_connections=per_service * len(SERVICES),
+            keepalive_expiry=4.0,  # under uvicorn's 5 s: we close idle connections first
+        )
+        lean = settings.http_transport == "lean"
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(settings.component_timeout_s, connect=settings.connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=per_service * len(SERVICES),
-                max_keepalive_connections=per_service * len(SERVICES),
-                keepalive_expiry=30.0,
-            ),
+            limits=limits,
+            transport=LeanTransport(limits) if lean else None,
+            headers={"accept-encoding": "identity"},  # components answer small JSON bodies
         )
         self.slots = {s: asyncio.Semaphore(per_service) for s in SERVICES}
 

@@ -13,7 +13,7 @@ from services.gateway.scoring import Scorer
 router = APIRouter(tags=["score"])
 
 
-def _scorer(request: Request) -> Scorer:
+async def _scorer(request: Request) -> Scorer:
     scorer: Scorer = request.app.state.scorer
     return scorer
 

@@ -55,10 +55,13 @@ async def score(url: str, body: dict[str, Any], wait_s: float = 30.0) -> httpx.R
 
 
 class RawServer:
-    """A TCP listener on 127.0.0.1: ``reply=None`` never answers, else sends ``reply``."""
+    """A TCP listener on 127.0.0.1: ``reply=None`` never answers, else sends ``reply`` to
+    every request (keep-alive unless ``close_after``)."""
 
-    def __init__(self, reply: bytes | None):
+    def __init__(self, reply: bytes | None, close_after: bool = False):
         self.reply = reply
+        self.close_after = close_after  # close the connection after each reply
+        self.accepted = 0
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
@@ -74,6 +77,7 @@ class RawServer:
             except OSError:
                 return
             self.conns.append(conn)
+            self.accepted += 1
             if self.reply is not None:
                 threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
 
@@ -99,6 +103,9 @@ class RawServer:
                     rest += chunk
                 buf = rest[length:]
                 conn.sendall(self.reply)
+                if self.close_after:
+                    conn.close()
+                    return
         except OSError:
             return
 
