@@ -235,6 +235,8 @@ def test_gpus_parallelism_and_judge_model_agree(target: str, rendered: Any) -> N
     on_gpu = GPU in embedding["resources"]["limits"]
     device = container_env(embedding)["EMBEDDING_DEVICE"]
     assert (device == "cuda") == on_gpu, f"EMBEDDING_DEVICE={device} with GPU={on_gpu}"
+    cpu_image = embedding["image"].rpartition(":")[0].endswith("embedding-cpu")
+    assert cpu_image != on_gpu, f"{embedding['image']} (the CPU build?) with GPU={on_gpu}"
     verify = _container(res, "verify")
     workers = int(container_env(verify)["VERIFY_WORKERS"])
     assert workers == int(verify["resources"]["limits"]["cpu"]), "VERIFY_WORKERS != CPU limit"
