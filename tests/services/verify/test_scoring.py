@@ -10,6 +10,7 @@ from proto.verify import FormatParams
 from services.verify.extract import answer_blocks, boxed_contents, extract_answer
 from services.verify.formatting import check_format, format_score
 from services.verify.scoring import score_math_direct
+from services.verify.worker import score_item
 from tests.services.verify.cases import FORMAT_CASES, MATH_CASES, NULL_CASES
 
 
@@ -64,3 +65,12 @@ def test_scans_are_linear(text: str) -> None:
     extract_answer(text)
     format_score(text, FormatParams(mode="partial"))
     assert time.perf_counter() - start < 2.0
+
+
+def test_math_verify_own_timeout_is_a_null_timeout() -> None:
+    # math-verify's own timeout (signal.alarm, 1 s here) fires inside sympy: the item is
+    # null + timeout, not a silent 0.0 — unless both sides are plain numbers.
+    start = time.perf_counter()
+    score, kind, message = score_item("5", "\\boxed{7^{123456789}}", 1e-6, 1, False)
+    assert (score, kind) == (None, "timeout"), message
+    assert time.perf_counter() - start < 10
