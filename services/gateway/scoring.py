@@ -137,16 +137,17 @@ class Scorer:
         ]
         await self._lookup(comps, groups)
         calls: list[tuple[_Component, list[_Item]]] = []
+        failures: list[CallFailure] = []
         for comp in comps:
             items = self._misses(comp, groups)
             if self.client.url(comp.bound.spec) is None:
+                failures.append(CallFailure("unavailable", _unconfigured(comp)))
                 for item in items:
-                    comp.fail(item, "unavailable", _unconfigured(comp))
+                    comp.fail(item, "unavailable", failures[-1].message)
                 continue
             calls.extend((comp, chunk) for chunk in self._chunks(items))
         results = await asyncio.gather(*(self._call(c, chunk, groups) for c, chunk in calls))
         writes: list[tuple[str, str]] = []
-        failures: list[CallFailure] = []
         tokens = [0, 0]
         for (comp, chunk), result in zip(calls, results, strict=True):
             if isinstance(result, CallFailure):

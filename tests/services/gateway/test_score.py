@@ -164,3 +164,16 @@ def test_bad_recipes_file_stops_the_start(log_dir: Path, tmp_path: Path) -> None
         proc.wait_ready(30)
     proc.stop()
     assert "unknown component 'nope'" in (log_dir / "gateway-bad-recipes.log").read_text()
+
+
+async def test_unconfigured_component(gateway_url: str) -> None:
+    # The session gateway has no GATEWAY_JUDGE_URL: judge_quality is null + masked, with a
+    # message saying which variable to set; math and format are still scored.
+    body = {"recipe": "gsm8k-dj", "groups": [GOOD_GROUP]}
+    group = (await score(gateway_url, body)).json()["groups"][0]
+    assert group["components"]["judge_quality"] == [None] and group["masked"] == [True]
+    assert group["components"]["math_accuracy"] == [1.0]
+    (err,) = group["errors"]
+    assert err["kind"] == "unavailable" and "GATEWAY_JUDGE_URL" in err["message"]
+    r = await score(gateway_url, {**body, "on_error": "fail"})
+    assert r.status_code == 503 and "GATEWAY_JUDGE_URL" in r.json()["error"]["message"]
