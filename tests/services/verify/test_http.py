@@ -8,7 +8,9 @@ the pool and math-verify) and a small item limit serves the deadline and limit t
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 import re
 import signal
 import time
@@ -266,3 +268,23 @@ def test_ops_endpoints(verify_url: str) -> None:
     _math(verify_url, [{"reference": "1", "responses": ["1"]}])
     assert _metric(verify_url, "verify_items_total") >= 1
     assert _metric(verify_url, "verify_workers_alive") == 2
+
+
+async def test_concurrent_requests_keep_their_own_results(strict_url: str) -> None:
+    # Pool chunks mix items of concurrent requests (fast path off: every item goes to the
+    # pool); each request still gets exactly its own scores, in its own order.
+    rng = random.Random(7)
+    plans = [[rng.random() < 0.5 for _ in range(8)] for _ in range(24)]
+
+    async with httpx.AsyncClient(base_url=strict_url, timeout=60) as client:
+
+        async def one(i: int, plan: list[bool]) -> None:
+            responses = [f"\\boxed{{{i if ok else i + 1}}}" for ok in plan]
+            body = {"groups": [{"id": f"r{i}", "reference": str(i), "responses": responses}],
+                    "params": {}}  # fmt: skip
+            r = await client.post("/v1/math", json=body)
+            group = r.json()["groups"][0]
+            assert group["id"] == f"r{i}"
+            assert group["scores"] == [1.0 if ok else 0.0 for ok in plan]
+
+        await asyncio.gather(*(one(i, plan) for i, plan in enumerate(plans)))
