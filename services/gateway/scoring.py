@@ -161,8 +161,9 @@ class Scorer:
                 for item in chunk:
                     comp.fail(item, result.kind, result.message)
                 continue
-            tokens[0] += result.usage.prompt_tokens
-            tokens[1] += result.usage.completion_tokens
+            if comp.bound.spec.service == "judge":  # embedding reports tokens too; not billed
+                tokens[0] += result.usage.prompt_tokens
+                tokens[1] += result.usage.completion_tokens
             _merge(comp, chunk, result, writes)
         if writes and self.cache_enabled:
             await self.cache.set_many(writes)
