@@ -10,14 +10,18 @@ and the next call after the pause tries Redis again, so it recovers on its own.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections import OrderedDict
-from typing import Protocol
+from typing import Any, Protocol
 
 from prometheus_client import Counter
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
+
+from proto.gateway import ScoreGroup
+from services.gateway.recipes import BoundComponent
 
 log = logging.getLogger("arbiter.gateway.cache")
 
@@ -28,6 +32,36 @@ CACHE_BYPASSED = Counter(
     "arbiter_gateway_cache_bypassed_total",
     "Cache lookups skipped because Redis failed recently (keys).",
 )
+
+KEY_PREFIX = "arb:v1"
+
+
+def _lp(text: str) -> bytes:
+    data = text.encode()
+    return b"%d:" % len(data) + data
+
+
+def _prefix(comp: BoundComponent, group: ScoreGroup) -> Any:
+    h = hashlib.sha256(_lp(comp.spec.name) + _lp(comp.params_json) + _lp(group.prompt))
+    h.update(b"N" if group.reference is None else b"R" + _lp(group.reference))
+    return h
+
+
+def cache_keys(comp: BoundComponent, group: ScoreGroup) -> list[str]:
+    """One key per response (response-level) or one for the whole ordered group."""
+    base = _prefix(comp, group)
+    name = comp.spec.name
+    if comp.spec.granularity == "group":
+        for text in group.responses:
+            base.update(_lp(text))
+        return [f"{KEY_PREFIX}:{name}:{base.hexdigest()}"]
+    keys = []
+    for text in group.responses:
+        h = base.copy()
+        h.update(text.encode())
+        keys.append(f"{KEY_PREFIX}:{name}:{h.hexdigest()}")
+    return keys
+
 
 Value = str | bytes
 LOG_EVERY_S = 30.0

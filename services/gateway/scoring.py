@@ -10,18 +10,17 @@ is serialised here with ``json`` from plain lists (no per-request pydantic model
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from prometheus_client import Counter
 
 from proto.gateway import ScoreGroup, ScoreRequest
 from services.common.errors import Unavailable, Unprocessable, UpstreamTimeout
-from services.gateway.cache import Cache
+from services.gateway.cache import Cache, cache_keys
 from services.gateway.fanout import CallFailure, CallResult, ComponentClient, env_var
 from services.gateway.recipes import BoundComponent, RecipeBook, ResolvedRecipe
 
@@ -39,34 +38,7 @@ COMPONENT_ERRORS = Counter(
     ["component", "kind"],
 )  # fmt: skip
 
-KEY_PREFIX = "arb:v1"
-
-
-def _lp(text: str) -> bytes:
-    data = text.encode()
-    return b"%d:" % len(data) + data
-
-
-def _prefix(comp: BoundComponent, group: ScoreGroup) -> Any:
-    h = hashlib.sha256(_lp(comp.spec.name) + _lp(comp.params_json) + _lp(group.prompt))
-    h.update(b"N" if group.reference is None else b"R" + _lp(group.reference))
-    return h
-
-
-def cache_keys(comp: BoundComponent, group: ScoreGroup) -> list[str]:
-    """One key per response (response-level) or one for the whole ordered group."""
-    base = _prefix(comp, group)
-    name = comp.spec.name
-    if comp.spec.granularity == "group":
-        for text in group.responses:
-            base.update(_lp(text))
-        return [f"{KEY_PREFIX}:{name}:{base.hexdigest()}"]
-    keys = []
-    for text in group.responses:
-        h = base.copy()
-        h.update(text.encode())
-        keys.append(f"{KEY_PREFIX}:{name}:{h.hexdigest()}")
-    return keys
+MAX_PENDING = 200_000
 
 
 @dataclass
@@ -98,6 +70,11 @@ class _Component:
                 self.errors[item.g].append((j, kind, message))
 
 
+class Scored(NamedTuple):
+    body: bytes  # the serialised ScoreResponse
+    writes: list[tuple[str, str]]  # new cache entries, to store once the body is sent
+
+
 class Scorer:
     """Built once at start-up (app.state.scorer); one call per ``/v1/score`` request."""
 
@@ -108,11 +85,12 @@ class Scorer:
         self.cache_enabled = enabled
         self.batch_groups = client.settings.batch_groups
         self.batch_responses = client.settings.batch_responses
+        self._pending: dict[str, str] = {}
 
-    async def score(self, req: ScoreRequest) -> bytes:
+    async def score(self, req: ScoreRequest) -> Scored:
         label = req.recipe if isinstance(req.recipe, str) else "inline"
         try:
-            body = await self._score(req)
+            scored = await self._score(req)
         except Unprocessable:
             REQUESTS.labels(label if label in self.book.names else "unknown", "invalid").inc()
             raise
@@ -120,9 +98,18 @@ class Scorer:
             REQUESTS.labels(label, "failed").inc()
             raise
         REQUESTS.labels(label, "ok").inc()
-        return body
+        return scored
 
-    async def _score(self, req: ScoreRequest) -> bytes:
+    async def store(self, writes: list[tuple[str, str]]) -> None:
+        """Write new scores to the cache; runs after the response has been sent."""
+        try:
+            await self.cache.set_many(writes)
+        finally:
+            for key, value in writes:
+                if self._pending.get(key) == value:
+                    del self._pending[key]
+
+    async def _score(self, req: ScoreRequest) -> Scored:
         start = time.perf_counter()
         recipe = self.book.get(req.recipe)
         groups = req.groups
@@ -165,11 +152,18 @@ class Scorer:
                 tokens[0] += result.usage.prompt_tokens
                 tokens[1] += result.usage.completion_tokens
             _merge(comp, chunk, result, writes)
-        if writes and self.cache_enabled:
-            await self.cache.set_many(writes)
+        if not self.cache_enabled:
+            writes = []
         if failures and req.on_error == "fail":
+            await self.store(writes)
             raise _failure_error(failures)
-        return _render(recipe, groups, comps, tokens, time.perf_counter() - start)
+        # Written after the response is sent (the route's background task). Until Redis has
+        # them they are served from ``_pending``, so this process always sees its own writes.
+        if len(self._pending) > MAX_PENDING:  # only if background writes never ran
+            self._pending.clear()
+        self._pending.update(writes)
+        body = _render(recipe, groups, comps, tokens, time.perf_counter() - start)
+        return Scored(body, writes)
 
     async def _lookup(self, comps: list[_Component], groups: list[ScoreGroup]) -> None:
         """Fill cached scores for every component with one cache round trip."""
@@ -180,6 +174,9 @@ class Scorer:
         live = [c for c in comps if self.client.url(c.bound.spec) is not None]
         flat = [k for c in live for keys in c.keys for k in keys]
         values = await self.cache.get_many(flat)
+        if self._pending:
+            pending = self._pending
+            values = [pending.get(k) if v is None else v for k, v in zip(flat, values, strict=True)]
         pos = 0
         for comp in live:
             for g, keys in enumerate(comp.keys):
