@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -23,6 +24,7 @@ import re
 import subprocess
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -158,9 +160,9 @@ async def _drive(url: str, groups: list[dict[str, Any]], concurrency: int) -> di
             "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3}  # fmt: skip
 
 
-def service(
-    groups: list[dict[str, Any]], concurrency: int, workers: int, fast_path: bool
-) -> dict[str, float]:
+@contextlib.contextmanager
+def service(workers: int, fast_path: bool) -> Iterator[str]:
+    """A verify service on a free port (as in production: uvicorn + factory); yields its URL."""
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"bench-verify-{port}.log"
     env = {"VERIFY_WORKERS": str(workers), "VERIFY_FAST_PATH": str(fast_path).lower()}
@@ -170,11 +172,13 @@ def service(
     proc.start()
     try:
         proc.wait_ready(60)
-        url = f"http://127.0.0.1:{port}"
-        asyncio.run(_drive(url, groups[: max(concurrency * 4, 64)], concurrency))  # warm-up
-        return asyncio.run(_drive(url, groups, concurrency))
+        yield f"http://127.0.0.1:{port}"
     finally:
         proc.stop()
+
+
+def _best(old: dict[str, float] | None, new: dict[str, float]) -> dict[str, float]:
+    return new if old is None or new["rps"] > old["rps"] else old
 
 
 def _load() -> str:
@@ -182,20 +186,35 @@ def _load() -> str:
 
 
 def run(
-    groups: int = 1319, concurrency: int = 16, workers: int = 2, processes: int = 2
+    groups: int = 1319,
+    concurrency: int = 16,
+    workers: int = 2,
+    processes: int = 2,
+    rounds: int = 2,
 ) -> dict[str, Any]:
+    """Best of ``rounds`` for each row; the rows alternate within a round so that a change
+    in the machine's load (it is shared) hits all of them alike."""
     data = load_groups(groups)
     out: dict[str, Any] = {
         "machine": f"{os.cpu_count()}-core CPU",
         "groups": groups,
         "group_size": GROUP,
         "concurrency": concurrency,
+        "rounds": rounds,
         "load_before": _load(),
     }
-    out["baseline"] = baseline(data, processes)
-    out["baseline_rule"] = baseline_rule(data, processes)
-    out["http_fast_path"] = service(data, concurrency, workers, fast_path=True)
-    out["http_no_fast_path"] = service(data, concurrency, workers, fast_path=False)
+    best: dict[str, dict[str, float] | None] = dict.fromkeys(
+        ("baseline", "baseline_rule", "http_fast_path", "http_no_fast_path")
+    )
+    with service(workers, True) as fast_url, service(workers, False) as slow_url:
+        for url in (fast_url, slow_url):  # warm-up
+            asyncio.run(_drive(url, data[: max(concurrency * 4, 64)], concurrency))
+        for _ in range(rounds):
+            best["baseline"] = _best(best["baseline"], baseline(data, processes))
+            best["baseline_rule"] = _best(best["baseline_rule"], baseline_rule(data, processes))
+            for key, url in (("http_fast_path", fast_url), ("http_no_fast_path", slow_url)):
+                best[key] = _best(best[key], asyncio.run(_drive(url, data, concurrency)))
+    out.update(best)
     out["load_after"] = _load()
     base = out["baseline"]["rps"]
     out["ratio_fast_path"] = out["http_fast_path"]["rps"] / base
@@ -209,7 +228,7 @@ def table(r: dict[str, Any]) -> str:
     br = r["baseline_rule"]
     lines = [
         f"verify, {r['groups']} groups × {r['group_size']} GSM8K-like responses, "
-        f"{r['concurrency']} concurrent clients; {r['machine']}",
+        f"{r['concurrency']} concurrent clients; {r['machine']}; best of {r['rounds']} rounds",
         "| what | responses/s | ratio | p50 / p99 per request | correct |",
         "| --- | ---: | ---: | ---: | ---: |",
         f"| math-verify in-process, Pool(2), parse+parse+verify | {b['rps']:,.0f} | 1.00 "
@@ -235,11 +254,12 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=1319)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--json", action="store_true", help="print the dict as JSON too")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    result = run(args.groups, args.concurrency, args.workers)
+    result = run(args.groups, args.concurrency, args.workers, rounds=args.rounds)
     print(table(result))
     if args.json:
         print(json.dumps(result, indent=2))
