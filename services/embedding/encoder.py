@@ -92,7 +92,10 @@ class Encoder:
             )
         self.max_seq_length = int(limit)
         self.tokenizer = self.model.tokenizer
-        dim = self.model.get_embedding_dimension()
+        get_dim = getattr(self.model, "get_embedding_dimension", None) or getattr(
+            self.model, "get_sentence_embedding_dimension", None
+        )  # renamed in sentence-transformers 6.x
+        dim = get_dim() if get_dim is not None else None
         if dim is None:  # a model without a fixed output size: ask it once
             dim = int(self.model.encode(["dimension probe"]).shape[1])
         self.dim = int(dim)
