@@ -129,6 +129,8 @@ def bench_service(
     env = {
         "EMBEDDING_MODEL": model_path, "EMBEDDING_DEVICE": device, "EMBEDDING_DTYPE": dtype,
         "EMBEDDING_BATCH_SIZE": str(batch_size), "EMBEDDING_LOG_LEVEL": "warning",
+        # the forward-pass token budget must not bind tighter than raw encode's batch size
+        "EMBEDDING_MAX_BATCH_TOKENS": str(batch_size * 1024),
     }  # fmt: skip
     proc = uvicorn_process(
         "embedding", "services.embedding.app:create_app", port, env=env,
