@@ -113,6 +113,9 @@ class TrainerConfig:
         "bf16: bf16 weights (fastest, loses tiny updates).",
     )
     gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+    cpu_threads: int = _f(
+        0, "torch intra-op threads on CPU (0 = torch's default); 1 is fastest for tiny models."
+    )
 
     # --- evaluation, logging, checkpoints
     eval_every: int = _f(0, "Evaluate every N steps (and before step 0 and at the end); 0 = never.")
@@ -192,6 +195,8 @@ class TrainerConfig:
             bad(f"precision={self.precision!r}: use auto, fp32, bf16-mixed or bf16.")
         if len(self.adam_betas) != 2:
             bad(f"adam_betas={self.adam_betas}: give two numbers, e.g. [0.9, 0.99].")
+        if self.keep_checkpoints < 1:
+            bad(f"keep_checkpoints={self.keep_checkpoints}: keep at least 1 (resume needs one).")
         if self.reward_concurrency < 1 or self.reward_retries < 0:
             bad("reward_concurrency must be >= 1 and reward_retries >= 0.")
         for name in ("recipe", "eval_recipe"):

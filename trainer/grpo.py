@@ -33,7 +33,8 @@ def group_advantages(
     ).clamp(min=1)
     adv = r - mean
     if scale:
-        adv = adv / (var.sqrt() + eps)
+        std = var.sqrt()
+        adv = torch.where(std > 0, adv / (std + eps), torch.zeros_like(adv))
     adv = torch.where(valid & (n >= 2), adv, torch.zeros_like(adv))
     return adv.view(-1).to(rewards.dtype if rewards.is_floating_point() else torch.float32)
 
@@ -112,7 +113,13 @@ def grpo_loss(
     (default: number of sequences). Pass ``norm`` = the whole batch's count when the batch
     is split into micro-batches, so the micro-batch losses add up to the batch loss.
     """
-    mask = loss_mask.to(logps.dtype)
+    keep = loss_mask.bool()
+    mask = keep.to(logps.dtype)
+    # masked positions (padding, observations) are zeroed with where, not multiplied, so
+    # that whatever values they hold (even inf/nan) neither reach the loss nor the gradient
+    zero = torch.zeros_like(logps)
+    logps = torch.where(keep, logps, zero)
+    old_logps = torch.where(keep, old_logps, zero)
     ratio = torch.exp(logps - old_logps)
     adv = advantages.unsqueeze(-1)  # (S, 1)
     pg1 = -adv * ratio
@@ -120,25 +127,26 @@ def grpo_loss(
     per_token = torch.maximum(pg1, pg2)
     kl = torch.zeros_like(per_token)
     if beta > 0 and ref_logps is not None:
-        d = ref_logps - logps
+        d = torch.where(keep, ref_logps, zero) - logps
         kl = torch.exp(d) - d - 1
         per_token = per_token + beta * kl
+    per_token = torch.where(keep, per_token, zero)
     if agg == "token_mean":
-        total = (per_token * mask).sum()
+        total = per_token.sum()
         loss = total / (norm if norm is not None else mask.sum().clamp(min=1))
     elif agg == "seq_mean":
         lens = mask.sum(-1)
-        seq = (per_token * mask).sum(-1) / lens.clamp(min=1)
+        seq = per_token.sum(-1) / lens.clamp(min=1)
         loss = seq.sum() / (norm if norm is not None else max(1, int((lens > 0).sum())))
     else:
         raise ValueError(f"unknown loss aggregation {agg!r}")
     clipped = ((ratio < 1 - eps_low) & (adv < 0)) | ((ratio > 1 + eps_high) & (adv > 0))
     return LossParts(
         loss=loss,
-        pg_sum=(torch.maximum(pg1, pg2) * mask).sum().detach(),
-        kl_sum=(kl * mask).sum().detach(),
-        clipped=(clipped.to(mask.dtype) * mask).sum().detach(),
-        ratio_sum=(ratio * mask).sum().detach(),
+        pg_sum=torch.where(keep, torch.maximum(pg1, pg2), 0.0).sum().detach(),
+        kl_sum=torch.where(keep, kl, 0.0).sum().detach(),
+        clipped=(clipped & keep).sum().detach().to(mask.dtype),
+        ratio_sum=torch.where(keep, ratio, 0.0).sum().detach(),
     )
 
 

@@ -69,7 +69,7 @@ class Pending:
 
 
 def train(cfg: TrainerConfig) -> dict[str, Any]:
-    dist, device = init_distributed(cfg.device)
+    dist, device = init_distributed(cfg.device, cfg.cpu_threads)
     setup_logging(dist.main)
     precision = resolve_precision(cfg.precision, device)
     run_dir = prepare_run_dir(cfg, dist)
@@ -391,7 +391,7 @@ def train_on_batch(
                 acc["kl"] += float(parts.kl_sum)
             acc["clipped"] += float(parts.clipped)
             acc["ratio"] += float(parts.ratio_sum)
-            acc["loss"] += float(parts.loss) / cfg.mu
+            acc["loss"] += float(parts.loss.detach()) / cfg.mu
             del logits, logps, parts
         if cfg.max_grad_norm > 0:
             acc["grad_norm"] = float(

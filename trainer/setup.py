@@ -46,7 +46,7 @@ class Dist:
             torch_dist.barrier()
 
 
-def init_distributed(device_pref: str) -> tuple[Dist, torch.device]:
+def init_distributed(device_pref: str, cpu_threads: int = 0) -> tuple[Dist, torch.device]:
     """torchrun sets RANK/WORLD_SIZE/LOCAL_RANK: one process per GPU (gloo on CPU)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -55,6 +55,8 @@ def init_distributed(device_pref: str) -> tuple[Dist, torch.device]:
     if device_pref == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("device=cuda but no GPU is visible; set device=cpu or device=auto")
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    if not cuda and cpu_threads > 0:
+        torch.set_num_threads(cpu_threads)
     if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not torch_dist.is_initialized():

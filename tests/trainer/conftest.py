@@ -1,0 +1,28 @@
+"""Trainer fixtures: the tiny random Qwen2 (built once per session) and small configs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from arbiter.tiny_model import build
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory, gsm8k_dir: Path) -> Path:
+    return build(tmp_path_factory.mktemp("tiny-model") / "model", gsm8k_dir)
+
+
+@pytest.fixture(scope="session")
+def seven_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A toy task in GSM8K format: every problem's answer is 7."""
+    d = tmp_path_factory.mktemp("seven")
+    for name, n in (("train.jsonl", 64), ("test.jsonl", 8)):
+        rows = [
+            {"question": f"Say the number seven. ({name[:2]}{i})", "answer": "#### 7"}
+            for i in range(n)
+        ]
+        (d / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return d

@@ -1,0 +1,189 @@
+"""The trainer end to end against real gateway + verify processes (the tiny model, a few
+steps): run directory contents, resume, pipelining + multi-turn, and a gateway outage."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from arbiter.procs import free_port
+from proto.gateway import ScoreGroup
+from trainer.config import TrainerConfig
+from trainer.grpo import group_advantages
+from trainer.loop import train
+from trainer.rewards import RewardClient
+
+
+def _cfg(
+    tiny_model: Path, gsm8k_dir: Path, run_dir: Path, gateway_url: str, **kw: Any
+) -> TrainerConfig:
+    settings: dict[str, Any] = dict(
+        model=str(tiny_model),
+        data_dir=str(gsm8k_dir),
+        max_train_problems=64,
+        run_dir=str(run_dir),
+        gateway_url=gateway_url,
+        recipe="gsm8k",
+        steps=2,
+        rollouts_per_step=8,
+        group_size=4,
+        micro_batch_size=8,
+        max_new_tokens=12,
+        max_prompt_tokens=160,
+        lr=1e-3,
+        beta=0.04,
+        cpu_threads=1,
+        progress=False,
+        device="cpu",
+    )
+    settings.update(kw)
+    return TrainerConfig(**settings)
+
+
+def _records(run_dir: Path, kind: str) -> list[dict[str, Any]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["kind"] == kind]
+
+
+STEP_KEYS = [
+    "reward/mean",
+    "reward/std",
+    "reward/math_accuracy/mean",
+    "reward/format/mean",
+    "groups/zero_std_frac",
+    "kl",
+    "clip_frac",
+    "entropy",
+    "completion_len/mean",
+    "time/generate",
+    "time/reward_wait",
+    "time/train",
+    "tokens_per_s",
+    "loss",
+    "grad_norm",
+    "lr",
+]
+
+
+def test_few_steps_then_resume(
+    tiny_model: Path, gsm8k_dir: Path, gateway_url: str, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    train(
+        _cfg(tiny_model, gsm8k_dir, run, gateway_url, eval_every=2, eval_problems=4, save_every=1)
+    )
+    steps = _records(run, "train")
+    assert [r["step"] for r in steps] == [1, 2]
+    for key in STEP_KEYS:
+        assert key in steps[0], key
+    assert steps[0]["kl"] == pytest.approx(
+        0.0, abs=1e-6
+    )  # policy == reference before the first update
+    assert [r["step"] for r in _records(run, "eval")] == [0, 2]
+    assert 0.0 <= _records(run, "eval")[-1]["eval/accuracy"] <= 1.0
+    assert _records(run, "recipe")[0]["fingerprint"].startswith("sha256:")
+    assert (run / "config.yaml").exists() and (run / "curves.png").stat().st_size > 0
+    ckpt = run / "checkpoints" / "step-000002"
+    assert {"config.json", "model.safetensors", "tokenizer.json", "trainer_state.pt", "done"} <= {
+        p.name for p in ckpt.iterdir()
+    }
+    # keep_checkpoints=2: step 1 and 2 are kept
+    assert len(list((run / "checkpoints").glob("step-*"))) == 2
+
+    # resume: continues at step 3 from the saved weights and optimizer state
+    train(_cfg(tiny_model, gsm8k_dir, run, gateway_url, steps=3, resume=True))
+    assert [r["step"] for r in _records(run, "train")] == [1, 2, 3]
+    assert (run / "checkpoints" / "step-000003" / "done").exists()
+    state = torch.load(run / "checkpoints" / "step-000003" / "trainer_state.pt", weights_only=False)
+    assert state["step"] == 3 and state["optimizer"]["state"]
+
+    # a finished run is not overwritten by mistake
+    with pytest.raises(RuntimeError, match="resume=true"):
+        train(_cfg(tiny_model, gsm8k_dir, run, gateway_url))
+
+
+def test_pipelined_multi_turn(
+    tiny_model: Path, gsm8k_dir: Path, gateway_url: str, tmp_path: Path
+) -> None:
+    run = tmp_path / "run"
+    summary = train(
+        _cfg(
+            tiny_model,
+            gsm8k_dir,
+            run,
+            gateway_url,
+            pipeline=True,
+            env="calculator",
+            max_turns=2,
+            mu=2,
+            micro_batch_size=4,
+            plot=False,
+        )
+    )
+    steps = _records(run, "train")
+    assert [r["step"] for r in steps] == [1, 2]
+    # batch 2 was sampled before update 1: the ratio against the behaviour log-probs is not 1
+    assert math.isfinite(summary["ratio/mean"]) and summary["turns/mean"] >= 1
+    assert all(r["time/reward_wait"] >= 0 for r in steps)
+
+
+def test_gateway_outage_skips_batches(
+    tiny_model: Path, gsm8k_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    closed = f"http://127.0.0.1:{free_port()}"  # nothing listens here: a real connection refusal
+    run = tmp_path / "run"
+    cfg = _cfg(
+        tiny_model, gsm8k_dir, run, closed, reward_retries=2, reward_backoff_s=0.01, plot=False
+    )
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        train(cfg)
+    assert len(_records(run, "skip")) == 2 and _records(run, "train") == []
+    assert "batch skipped, no rewards" in caplog.text and "after 3 attempts" in caplog.text
+    # no invented rewards: the saved weights are the initial ones
+    final = load_file(str(run / "checkpoints" / "step-000002" / "model.safetensors"))
+    initial = load_file(str(tiny_model / "model.safetensors"))
+    assert all(torch.equal(final[k], initial[k]) for k in initial)
+    # too many batches in a row without rewards stops the run
+    with pytest.raises(RuntimeError, match="batches in a row without rewards"):
+        train(
+            _cfg(
+                tiny_model,
+                gsm8k_dir,
+                tmp_path / "run2",
+                closed,
+                reward_retries=0,
+                max_skipped_batches=0,
+                plot=False,
+            )
+        )
+
+
+def test_null_rewards_get_zero_advantage(gateway_url: str) -> None:
+    with RewardClient(gateway_url, concurrency=2) as client:
+        result = client.score(
+            "gsm8k",
+            [
+                # no reference: math_accuracy is null (invalid_reference), the rewards masked
+                ScoreGroup(
+                    id="a", prompt="q", reference=None, responses=["<answer>3</answer>", "5"]
+                ),
+                ScoreGroup(
+                    id="b",
+                    prompt="q",
+                    reference="3",
+                    responses=["<think>x</think><answer>3</answer>", "5"],
+                ),
+            ],
+        )
+    flat = result.flat()
+    assert math.isnan(flat[0]) and math.isnan(flat[1]) and flat[2] == 1.5 and flat[3] == 0.0
+    assert {e["kind"] for e in result.groups[0].errors} == {"invalid_reference"}
+    adv = group_advantages(torch.tensor(flat), 2)
+    assert adv[:2].tolist() == [0.0, 0.0] and adv[2] > 0 > adv[3]
