@@ -66,9 +66,10 @@ def bench_raw(
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from services.embedding.encoder import resolve_device
+    from services.embedding.encoder import configure_torch, resolve_device
 
     dev = resolve_device(device)
+    configure_torch(dev, cudnn_sdpa=False)  # the service's default, so both run the same kernels
     model = SentenceTransformer(
         model_path, device=dev, model_kwargs={"dtype": getattr(torch, dtype)}
     )

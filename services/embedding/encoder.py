@@ -43,6 +43,15 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def configure_torch(device: str, cudnn_sdpa: bool) -> None:
+    """Process-wide torch switches for serving: without cuDNN attention on GPU (see
+    EmbeddingSettings.cudnn_sdpa), torch picks flash / memory-efficient attention."""
+    import torch
+
+    if device.startswith("cuda") and not cudnn_sdpa:
+        torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 def plan_chunks(lengths: np.ndarray, batch_size: int, max_batch_tokens: int) -> list[np.ndarray]:
     """Split texts into forward passes, longest first: ≤ batch_size texts and
     ≤ max_batch_tokens padded tokens (texts × longest) each. Returns index arrays."""
@@ -72,6 +81,7 @@ class Encoder:
             raise ValueError(
                 "EMBEDDING_DTYPE=float16 resolved to a CPU device; use float32 or bfloat16 on CPU"
             )
+        configure_torch(self.device, settings.cudnn_sdpa)
         if self.device == "cpu" and settings.torch_threads:
             torch.set_num_threads(settings.torch_threads)
         start = time.perf_counter()

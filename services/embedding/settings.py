@@ -78,6 +78,12 @@ class EmbeddingSettings(ServiceSettings):
     max_queued_texts: int = Field(
         default=65536, ge=1, description="Backlog past which requests get 429."
     )
+    cudnn_sdpa: bool = Field(
+        default=False,
+        description="Let torch send attention to cuDNN on GPU. Off: cuDNN builds an execution "
+        "plan for every new (batch, length) shape, tens of ms each, and dynamic batching "
+        "makes new shapes all the time.",
+    )
     torch_threads: int | None = Field(
         default=None, ge=1, description="torch intra-op threads on CPU; default: torch's."
     )
