@@ -87,29 +87,53 @@ def payloads(component: str, gs: list[ComponentGroup], judge: Judge) -> list[dic
 
 
 async def direct(
-    base_url: str, model: str, component: str, bodies: list[dict[str, Any]], conc: int
+    base_url: str,
+    model: str,
+    component: str,
+    bodies: list[dict[str, Any]],
+    conc: int,
+    pool_size: int | None = None,
 ) -> float:
     """Seconds for ``bodies`` with ``conc`` requests in flight straight to the server, each
-    reply read into a score as a caller would (same parsing functions as the service)."""
-    limits = httpx.Limits(max_connections=conc, max_keepalive_connections=conc)
-    sem = asyncio.Semaphore(conc)
-    async with httpx.AsyncClient(base_url=base_url + "/", limits=limits, timeout=300) as http:
+    reply read into a score as a caller would (same parsing functions as the service).
 
-        async def one(body: dict[str, Any]) -> None:
-            async with sem:
-                r = await http.post("chat/completions", json={"model": model, **body})
-                r.raise_for_status()
-                try:
-                    if component == "quality":
-                        parse_quality(message_text(r.json()), 5)
-                    else:
-                        label_probability(first_token_top_logprobs(r.json()))
-                except JudgeReplyError:
-                    pass
+    ``pool_size=None``: one ``httpx.AsyncClient`` (the obvious client). ``pool_size=8``:
+    connections split over clients of 8, as the judge does (``services.judge.client``).
+    """
+    size = pool_size or conc
+    n_pools = -(-conc // size)
+    limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+    free: asyncio.Queue[int] = asyncio.Queue()
+    for i in range(conc):
+        free.put_nowait(i)
+    pools = [
+        httpx.AsyncClient(base_url=base_url + "/", limits=limits, timeout=300)
+        for _ in range(n_pools)
+    ]
 
+    async def one(body: dict[str, Any]) -> None:
+        slot = await free.get()
+        try:
+            http = pools[slot % n_pools]
+            r = await http.post("chat/completions", json={"model": model, **body})
+            r.raise_for_status()
+        finally:
+            free.put_nowait(slot)
+        try:
+            if component == "quality":
+                parse_quality(message_text(r.json()), 5)
+            else:
+                label_probability(first_token_top_logprobs(r.json()))
+        except JudgeReplyError:
+            pass
+
+    try:
         start = time.perf_counter()
         await asyncio.gather(*(one(b) for b in bodies))
         return time.perf_counter() - start
+    finally:
+        for http in pools:
+            await http.aclose()
 
 
 async def service(
@@ -135,6 +159,24 @@ async def service(
         return time.perf_counter() - start, kinds
 
 
+class _SameSession(ManagedProcess):
+    """Started in the bench's own session (its own process group, for stopping).
+
+    Linux groups CPU time by session (``sched_autogroup``): a server started with
+    ``start_new_session`` competes as a group of its own against every other session on a
+    shared machine. Here vLLM, the judge and the bench's client all share one group, so
+    direct calls and calls through the judge get the same CPU budget.
+    """
+
+    def start(self) -> ManagedProcess:
+        env = {**os.environ, **self.env}
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            self.argv, env=env, stdout=out, stderr=subprocess.STDOUT, process_group=0
+        )
+        return self
+
+
 def _vllm_python() -> str:
     path = os.environ.get("ARBITER_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
     if not os.access(path, os.X_OK):
@@ -148,7 +190,7 @@ def start_vllm(model_dir: Path, log_path: Path) -> tuple[ManagedProcess, str]:
         _vllm_python(), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port), *VLLM_FLAGS,
     ]  # fmt: skip
-    proc = ManagedProcess(
+    proc = _SameSession(
         "vllm",
         argv,
         env={"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1"},
@@ -182,15 +224,18 @@ async def _measure(
         bodies = payloads(component, gs, judge)
         await direct(base_url, model, component, bodies, conc)  # warm-up: prefix cache, grammars
         await service(judge_url, component, gs, conc)
-        times: dict[str, list[float]] = {"direct": [], "service": []}
-        cpu = {"direct": 0.0, "service": 0.0}
+        modes = ("direct", "direct_pooled", "service")
+        times: dict[str, list[float]] = {m: [] for m in modes}
+        cpu = dict.fromkeys(modes, 0.0)
         kinds: Counter[str] = Counter()
         for i in range(rounds):
-            # ABBA order, so drifting load from other processes hits both sides alike
-            for mode in ("direct", "service") if i % 4 in (0, 3) else ("service", "direct"):
-                if mode == "direct":
+            # forward and reverse order in turn, so drifting load from other processes
+            # hits every side alike
+            for mode in modes if i % 4 in (0, 3) else modes[::-1]:
+                if mode.startswith("direct"):
+                    pool = 8 if mode == "direct_pooled" else None
                     c0 = time.process_time()
-                    times[mode].append(await direct(base_url, model, component, bodies, conc))
+                    times[mode].append(await direct(base_url, model, component, bodies, conc, pool))
                     cpu[mode] += time.process_time() - c0
                 else:
                     c0 = _cpu_s(judge_pid)
@@ -199,20 +244,20 @@ async def _measure(
                     times[mode].append(elapsed)
                     kinds.update(k)
         n = len(bodies)
-        d_rate = n * rounds / sum(times["direct"])
-        s_rate = n * rounds / sum(times["service"])
-        pairs = [d / s for d, s in zip(times["direct"], times["service"], strict=True)]
-        results[component] = {
-            "items": n,
-            "direct_items_s": round(d_rate, 1),
-            "service_items_s": round(s_rate, 1),
-            "ratio": round(s_rate / d_rate, 3),
-            "ratio_median_of_pairs": round(statistics.median(pairs), 3),
-            "ratio_pairs_min_max": [round(min(pairs), 2), round(max(pairs), 2)],
-            "direct_client_cpu_ms_per_item": round(1000 * cpu["direct"] / (n * rounds), 2),
-            "judge_service_cpu_ms_per_item": round(1000 * cpu["service"] / (n * rounds), 2),
-            "null_kinds": dict(kinds),
-        }
+        rate = {m: n * rounds / sum(times[m]) for m in modes}
+        out: dict[str, Any] = {"items": n, "null_kinds": dict(kinds)}
+        for m in modes:
+            out[f"{m}_items_s"] = round(rate[m], 1)
+            out[f"{m}_cpu_ms_per_item"] = round(1000 * cpu[m] / (n * rounds), 2)
+        for base in ("direct", "direct_pooled"):
+            pairs = [d / s for d, s in zip(times[base], times["service"], strict=True)]
+            out[f"ratio_vs_{base}"] = round(rate["service"] / rate[base], 3)
+            out[f"ratio_vs_{base}_pairs"] = [
+                round(min(pairs), 2),
+                round(statistics.median(pairs), 2),
+                round(max(pairs), 2),
+            ]
+        results[component] = out
         log.info("%s: %s", component, results[component])
     await judge.aclose()
     return results
@@ -242,9 +287,10 @@ def run(
             "JUDGE_MAX_CONCURRENCY": str(concurrency),
             "JUDGE_CONSTRAIN_LABELS": "true",
         }
-        judge = uvicorn_process(
+        spec = uvicorn_process(
             "judge", "services.judge.app:create_app", port, env=env, log_path=work / "judge.log"
         )
+        judge = _SameSession(spec.name, spec.argv, spec.env, spec.ready_url, spec.log_path)
         procs.append(judge.start())
         judge.wait_ready(60)
         load_before = _uptime()
@@ -267,19 +313,24 @@ def run(
 
 
 def table(res: dict[str, Any]) -> str:
+    """Ratios are service / direct items/s over all rounds (per-round min, median, max)."""
     rows = [
-        "| component | items × rounds | direct items/s | judge service items/s | ratio "
-        "(median of pairs; range) | CPU ms/item: direct client, judge service |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        "| component | items × rounds | direct, one client | direct, pools of 8 | judge service "
+        "| service / direct (min, median, max) | service / direct pooled |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for c in ("verifier", "quality"):
         r = res[c]
-        lo, hi = r["ratio_pairs_min_max"]
+
+        def ratio(base: str, r: dict[str, Any] = r) -> str:
+            lo, med, hi = r[f"ratio_vs_{base}_pairs"]
+            return f"**{r[f'ratio_vs_{base}']:.3f}** ({lo}, {med}, {hi})"
+
         rows.append(
-            f"| judge_{c} | {r['items']} × {res['rounds']} | {r['direct_items_s']} "
-            f"| {r['service_items_s']} | **{r['ratio']:.3f}** ({r['ratio_median_of_pairs']:.2f}; "
-            f"{lo}–{hi}) | {r['direct_client_cpu_ms_per_item']}, "
-            f"{r['judge_service_cpu_ms_per_item']} |"
+            f"| judge_{c} | {r['items']} × {res['rounds']} | {r['direct_items_s']} items/s "
+            f"({r['direct_cpu_ms_per_item']} ms CPU/item) | {r['direct_pooled_items_s']} "
+            f"({r['direct_pooled_cpu_ms_per_item']}) | {r['service_items_s']} "
+            f"({r['service_cpu_ms_per_item']}) | {ratio('direct')} | {ratio('direct_pooled')} |"
         )
     return "\n".join(rows)
 
