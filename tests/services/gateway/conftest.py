@@ -7,6 +7,7 @@ fault can be produced on demand by a real component service.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
@@ -111,6 +112,8 @@ class RawServer:
 
     def close(self) -> None:
         self.closed = True
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
         self.sock.close()
         for conn in self.conns:
             conn.close()
