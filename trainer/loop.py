@@ -211,7 +211,7 @@ def train(cfg: TrainerConfig) -> dict[str, Any]:
         run_eval(0)
     t_first = time.perf_counter()
     pending = produce(start_step) if cfg.pipeline else None
-    skipped_in_row, summary = 0, {}
+    skipped_in_row, summary, seen_error_kinds = 0, {}, set()
     for step in range(start_step, cfg.steps):
         t_step = t_first if step == start_step else time.perf_counter()
         # 1-2. Rollout + reward requests (pipelined: sample the next batch while this one is scored)
@@ -249,6 +249,12 @@ def train(cfg: TrainerConfig) -> dict[str, Any]:
             continue
         assert result is not None
         skipped_in_row = 0
+        for kind, n in result.error_kinds().items():
+            if kind not in seen_error_kinds:  # say it once per kind; counts go to the metrics
+                seen_error_kinds.add(kind)
+                log.warning(
+                    "step %d: %d null reward(s) of kind %r (masked, advantage 0)", step, n, kind
+                )
         if result.fingerprint != fingerprint:
             if fingerprint:
                 log.warning("recipe fingerprint changed: %s -> %s", fingerprint, result.fingerprint)
@@ -424,6 +430,7 @@ def step_metrics(
     out: dict[str, Any] = dict(stats)
     out["reward/mean"], out["reward/std"] = _mean_std(r.tolist())
     out["reward/null_frac"] = float(torch.isnan(r).float().mean())
+    out["reward/errors"] = float(sum(result.error_kinds().values()))
     for name in result.component_names():
         out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = _mean_std(
             result.flat_component(name)

@@ -66,6 +66,13 @@ class BatchRewards:
                 out.append(math.nan if (r is None or m) else float(r))
         return out
 
+    def error_kinds(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for g in self.groups:
+            for e in g.errors:
+                counts[e["kind"]] = counts.get(e["kind"], 0) + 1
+        return counts
+
     def component_names(self) -> list[str]:
         names: dict[str, None] = {}
         for g in self.groups:

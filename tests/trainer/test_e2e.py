@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,8 @@ from trainer.config import TrainerConfig
 from trainer.grpo import group_advantages
 from trainer.loop import train
 from trainer.rewards import RewardClient
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _cfg(
@@ -187,3 +192,46 @@ def test_null_rewards_get_zero_advantage(gateway_url: str) -> None:
     assert {e["kind"] for e in result.groups[0].errors} == {"invalid_reference"}
     adv = group_advantages(torch.tensor(flat), 2)
     assert adv[:2].tolist() == [0.0, 0.0] and adv[2] > 0 > adv[3]
+
+
+def test_torchrun_two_processes(
+    tiny_model: Path, gsm8k_dir: Path, gateway_url: str, tmp_path: Path
+) -> None:
+    """DDP on the CPU (gloo): two ranks, each its own prompts, rank 0 logs and saves."""
+    run = tmp_path / "run"
+    port = free_port()
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        "-m",
+        "trainer",
+        f"model={tiny_model}",
+        f"data_dir={gsm8k_dir}",
+        "max_train_problems=64",
+        f"run_dir={run}",
+        f"gateway_url={gateway_url}",
+        "steps=2",
+        "rollouts_per_step=4",
+        "group_size=2",
+        "micro_batch_size=2",
+        "max_new_tokens=8",
+        "max_prompt_tokens=160",
+        "beta=0.04",
+        "cpu_threads=1",
+        "progress=false",
+        "plot=false",
+        "device=cpu",
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = _records(run, "train")
+    assert [r["step"] for r in steps] == [1, 2]  # one line per step, from rank 0 only
+    # token counts are summed over the two ranks: 2 x 4 completions of <= 8 tokens
+    assert 4 * 2 < steps[0]["tokens/action"] <= 2 * 4 * 8
+    assert (run / "checkpoints" / "step-000002" / "done").exists()
