@@ -73,6 +73,7 @@ class ComponentClient:
             headers={"accept-encoding": "identity"},  # components answer small JSON bodies
         )
         self.slots = {s: asyncio.Semaphore(per_service) for s in SERVICES}
+        self._urls: dict[str, httpx.URL] = {}
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -80,6 +81,12 @@ class ComponentClient:
     def url(self, spec: ComponentSpec) -> str | None:
         base = self.settings.component_url(spec.name, spec.service)
         return None if base is None else base + spec.path
+
+    def _parsed_url(self, spec: ComponentSpec, url: str) -> httpx.URL:
+        parsed = self._urls.get(spec.name)
+        if parsed is None:  # parsed once per component, not per call
+            parsed = self._urls[spec.name] = httpx.URL(url)
+        return parsed
 
     async def call(self, spec: ComponentSpec, body: bytes) -> CallResult:
         url = self.url(spec)
@@ -95,7 +102,10 @@ class ComponentClient:
             async with asyncio.timeout(timeout):
                 async with self.slots[spec.service]:
                     resp = await self.client.post(
-                        url, content=body, headers=JSON_HEADERS, timeout=timeout
+                        self._parsed_url(spec, url),
+                        content=body,
+                        headers=JSON_HEADERS,
+                        timeout=timeout,
                     )
                     result = self._parse(spec, resp)
         except (TimeoutError, httpx.TimeoutException):
