@@ -1,0 +1,299 @@
+"""Warm start for the learning demonstration: generated arithmetic word problems + a short SFT.
+
+A random-init model cannot earn a single GRPO reward, so the GPU demonstration first teaches
+a small Qwen2-shaped model (a few million parameters, the tokenizer of
+``arbiter.tiny_model``) the answer format on problems this module generates, in GSM8K's
+shape (``{"question", "answer": "...#### N"}``), e.g.
+
+    Q: Tom has 12 apples and buys 7 more. Then he gives away 5. How many apples does he have?
+    A: <think>12 + 7 = 19. 19 - 5 = 14.</think><answer>14</answer>
+
+The supervised pass is deliberately short, so the model writes the format but gets many
+sums wrong; GRPO through the gateway then has accuracy to win. Prompts are rendered exactly
+as the trainer renders them (``trainer.data.chat_messages`` + the chat template).
+
+    python -m trainer.sft data OUT_DIR [--train 20000 --test 500]
+    python -m trainer.sft train OUT_MODEL_DIR --data DATA_DIR [--steps 300 --hidden 256 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+NAMES = ["Tom", "Sara", "Ali", "Mia", "Ben", "Lena", "Omar", "Kim", "Raj", "Eva", "Leo", "Ana"]
+ITEMS = ["apples", "pencils", "stickers", "marbles", "books", "cookies", "coins", "cards"]
+
+
+@dataclass(frozen=True)
+class ArithProblem:
+    question: str
+    steps: list[str]  # "a + b = c" lines for the <think> block
+    answer: int
+
+    def gsm8k_row(self) -> dict[str, str]:
+        return {
+            "question": self.question,
+            "answer": "\n".join(self.steps) + f"\n#### {self.answer}",
+        }
+
+    def target(self) -> str:
+        """The completion the SFT pass teaches (the EOS token is appended by the tokenizer step)."""
+        return (
+            f"<think>{' '.join(s + '.' for s in self.steps)}</think><answer>{self.answer}</answer>"
+        )
+
+
+def _add(rng: random.Random, name: str, item: str) -> ArithProblem:
+    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    q = f"{name} has {a} {item} and buys {b} more. How many {item} does {name} have now?"
+    return ArithProblem(q, [f"{a} + {b} = {a + b}"], a + b)
+
+
+def _sub(rng: random.Random, name: str, item: str) -> ArithProblem:
+    a = rng.randint(30, 99)
+    b = rng.randint(10, a - 5)
+    q = f"{name} had {a} {item} and gave {b} of them to a friend. How many {item} are left?"
+    return ArithProblem(q, [f"{a} - {b} = {a - b}"], a - b)
+
+
+def _mul(rng: random.Random, name: str, item: str) -> ArithProblem:
+    a, b = rng.randint(3, 19), rng.randint(2, 9)
+    q = f"{name} buys {b} boxes with {a} {item} in each box. How many {item} does {name} buy?"
+    return ArithProblem(q, [f"{b} * {a} = {a * b}"], a * b)
+
+
+def _two_step(rng: random.Random, name: str, item: str) -> ArithProblem:
+    a, b = rng.randint(10, 60), rng.randint(10, 60)
+    c = rng.randint(5, a + b - 5)
+    q = (
+        f"{name} has {a} {item} and buys {b} more. Then {name} gives away {c}. "
+        f"How many {item} does {name} have?"
+    )
+    return ArithProblem(q, [f"{a} + {b} = {a + b}", f"{a + b} - {c} = {a + b - c}"], a + b - c)
+
+
+KINDS: list[Callable[[random.Random, str, str], ArithProblem]] = [_add, _sub, _mul, _two_step]
+
+
+def make_problem(rng: random.Random) -> ArithProblem:
+    return rng.choice(KINDS)(rng, rng.choice(NAMES), rng.choice(ITEMS))
+
+
+def write_dataset(
+    out_dir: Path, n_train: int = 20000, n_test: int = 500, seed: int = 0, n_valid: int = 200
+) -> Path:
+    """train/valid/test.jsonl in GSM8K's format; no test or valid question appears elsewhere."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    held: dict[str, ArithProblem] = {}
+    while len(held) < n_test + n_valid:
+        p = make_problem(rng)
+        held[p.question] = p
+    test, valid = list(held.values())[:n_test], list(held.values())[n_test:]
+    train: list[ArithProblem] = []
+    while len(train) < n_train:
+        p = make_problem(rng)
+        if p.question not in held:
+            train.append(p)
+    for name, rows in (("train", train), ("valid", valid), ("test", test)):
+        with (out_dir / f"{name}.jsonl").open("w") as f:
+            for p in rows:
+                f.write(json.dumps(p.gsm8k_row()) + "\n")
+    return out_dir
+
+
+def _examples(data_dir: Path, tokenizer: Any, limit: int) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, target ids + EOS) pairs, prompts rendered as the trainer renders them."""
+    from trainer.data import chat_messages, render_prompt
+
+    prompts, targets = [], []
+    marker = "\x00QUESTION\x00"  # render the chat template once, then substitute
+    template = render_prompt(tokenizer, chat_messages(marker))
+    with (data_dir / "train.jsonl").open() as f:
+        for i, line in enumerate(f):
+            if limit and i >= limit:
+                break
+            row = json.loads(line)
+            steps = row["answer"].split("####")[0].strip().splitlines()
+            answer = row["answer"].split("####")[-1].strip()
+            targets.append(
+                f"<think>{' '.join(s + '.' for s in steps)}</think><answer>{answer}</answer>"
+            )
+            prompts.append(template.replace(marker, row["question"]))
+    p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    t_ids = tokenizer(targets, add_special_tokens=False)["input_ids"]
+    eos = tokenizer.eos_token_id
+    return [(p, [*t, eos]) for p, t in zip(p_ids, t_ids, strict=True)]
+
+
+def build_base(
+    out_dir: Path, corpus_dir: Path | None, *, hidden: int, layers: int, heads: int, seed: int
+) -> Path:
+    """Tokenizer (arbiter.tiny_model's) + a random-init Qwen2 of the given shape."""
+    from arbiter.tiny_model import build
+
+    return build(out_dir, corpus_dir, hidden=hidden, layers=layers, heads=heads, seed=seed)
+
+
+def train_sft(
+    model_dir: Path,
+    data_dir: Path,
+    out_dir: Path,
+    *,
+    steps: int = 300,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    warmup: int = 30,
+    seed: int = 0,
+    device: str = "auto",
+    limit: int = 0,
+    stop_at_accuracy: float | None = None,
+    check_every: int = 50,
+) -> dict[str, Any]:
+    """Teacher-forced cross-entropy on the target tokens only; saves model + tokenizer.
+
+    ``stop_at_accuracy``: every ``check_every`` steps measure greedy accuracy on
+    ``valid.jsonl`` and stop once it reaches this (the warm start should write the format
+    but leave accuracy for GRPO to win); the learning rate is then constant after warm-up.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       ("cpu" if device == "auto" else device))  # fmt: skip
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = model.to(dev)
+    model.train()
+    examples = _examples(data_dir, tok, limit or steps * batch_size)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    if stop_at_accuracy is None:
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            opt, lambda s: min(1.0, (s + 1) / warmup) * max(0.1, 1 - s / max(1, steps))
+        )
+    else:
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
+    pad = tok.pad_token_id
+    t0 = time.perf_counter()
+    losses: list[tuple[int, float]] = []
+    checks: list[tuple[int, float]] = []
+    for step in range(steps):
+        batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
+        length = max(len(p) + len(t) for p, t in batch)
+        ids = torch.full((batch_size, length), pad, dtype=torch.long)
+        labels = torch.full((batch_size, length), -100, dtype=torch.long)
+        attn = torch.zeros((batch_size, length), dtype=torch.long)
+        for i, (p, t) in enumerate(batch):  # right padding: positions start at 0 per row
+            seq = p + t
+            ids[i, : len(seq)] = torch.tensor(seq)
+            attn[i, : len(seq)] = 1
+            labels[i, len(p) : len(seq)] = torch.tensor(t)
+        ids, labels, attn = ids.to(dev), labels.to(dev), attn.to(dev)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
+            loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        opt.zero_grad(set_to_none=True)
+        if step % 25 == 0 or step == steps - 1:
+            losses.append((step, round(float(loss.detach()), 4)))
+            log.info("sft step %d loss %.4f", step, float(loss.detach()))
+        if stop_at_accuracy is not None and (step + 1) % check_every == 0:
+            model.eval()
+            acc = greedy_accuracy(model, tok, data_dir, 200, split="valid")
+            model.train()
+            checks.append((step + 1, acc))
+            log.info("sft step %d valid greedy accuracy %.3f", step + 1, acc)
+            if acc >= stop_at_accuracy:
+                break
+    elapsed = time.perf_counter() - t0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    n_params = sum(p.numel() for p in model.parameters())
+    return {"steps": step + 1, "batch_size": batch_size, "lr": lr, "seconds": round(elapsed, 1),
+            "losses": losses, "valid_accuracy": checks, "params": n_params,
+            "device": str(dev)}  # fmt: skip
+
+
+def greedy_accuracy(
+    model: Any,
+    tokenizer: Any,
+    data_dir: Path,
+    n: int = 200,
+    max_new_tokens: int = 48,
+    split: str = "test",
+) -> float:
+    """Quick local check (exact match of the <answer> value), without the verify service."""
+    import re
+
+    from trainer.data import chat_messages, load_problems, render_prompt
+    from trainer.generation import sample
+
+    problems = load_problems(data_dir / f"{split}.jsonl", n)
+    prompts = [render_prompt(tokenizer, chat_messages(p.question)) for p in problems]
+    tokenizer.padding_side = "left"
+    dev = next(model.parameters()).device
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, _ = sample(
+        model,
+        enc["input_ids"].to(dev),
+        enc["attention_mask"].to(dev),
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    right = 0
+    for p, t in zip(problems, texts, strict=True):
+        m = re.search(r"<answer>\s*(-?\d+)\s*</answer>", t)
+        right += bool(m and m.group(1) == p.reference)
+    return right / len(problems)
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("data", help="write train/test jsonl of generated problems")
+    d.add_argument("out_dir", type=Path)
+    d.add_argument("--train", type=int, default=20000)
+    d.add_argument("--test", type=int, default=500)
+    d.add_argument("--seed", type=int, default=0)
+    t = sub.add_parser("train", help="build the small model and run the supervised pass")
+    t.add_argument("out_dir", type=Path)
+    t.add_argument("--data", type=Path, required=True)
+    t.add_argument("--corpus", type=Path, default=None, help="GSM8K dir for the tokenizer corpus")
+    t.add_argument("--hidden", type=int, default=256)
+    t.add_argument("--layers", type=int, default=4)
+    t.add_argument("--heads", type=int, default=4)
+    t.add_argument("--steps", type=int, default=300)
+    t.add_argument("--batch-size", type=int, default=64)
+    t.add_argument("--lr", type=float, default=1e-3)
+    t.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    if a.cmd == "data":
+        print(write_dataset(a.out_dir, a.train, a.test, a.seed))
+        return
+    base = build_base(a.out_dir.with_name(a.out_dir.name + "-base"), a.corpus,
+                      hidden=a.hidden, layers=a.layers, heads=a.heads, seed=a.seed)  # fmt: skip
+    info = train_sft(base, a.data, a.out_dir, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
+                     seed=a.seed)  # fmt: skip
+    print(json.dumps(info))
+
+
+if __name__ == "__main__":
+    main()
