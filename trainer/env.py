@@ -105,7 +105,7 @@ class CalculatorEnv:
     """GSM8K with a calculator tool: ``<calc>12*7</calc>`` -> ``<result>84</result>``."""
 
     stop_strings: tuple[str, ...] = ("</calc>",)
-    _CALC = re.compile(r"<calc>(.*?)</calc>\s*$", re.DOTALL)
+    _CALC = re.compile(r"<calc>([^<]{0,200})</calc>")
 
     def __init__(self, system_prompt: str = "") -> None:
         self.system_prompt = system_prompt
@@ -114,11 +114,11 @@ class CalculatorEnv:
         return f"{CALC_INSTRUCTION}\n\n{problem.question}"
 
     def step(self, action: str, *, eos: bool) -> Step:
-        m = self._CALC.search(action)
-        if eos or m is None:
+        calls = self._CALC.findall(action)
+        if eos or not calls:
             return Step(observation="", done=True)
         try:
-            value = format_number(safe_eval(m.group(1)))
+            value = format_number(safe_eval(calls[-1]))
         except (
             ValueError,
             SyntaxError,
