@@ -39,6 +39,7 @@ from proto.embedding import (
 from services.common.errors import BadRequest, NotFound, RateLimited, Unavailable
 from services.embedding.batching import DynamicBatcher, QueueFull
 from services.embedding.encoder import Encoded, Encoder
+from services.embedding.encoder_process import ProcessEncoder
 from services.embedding.settings import EmbeddingSettings
 
 log = logging.getLogger("arbiter.embedding")
@@ -88,7 +89,7 @@ class EmbeddingHandler:
 
     def __init__(self, settings: EmbeddingSettings):
         self.settings = settings
-        self.encoder: Encoder | None = None
+        self.encoder: Encoder | ProcessEncoder | None = None
         self.batcher: DynamicBatcher | None = None
         self.load_error: str | None = None
         self._load_task: asyncio.Task[None] | None = None
@@ -98,8 +99,13 @@ class EmbeddingHandler:
         self._load_task = asyncio.create_task(self._load(), name="embedding-load")
 
     async def _load(self) -> None:
+        def build() -> Encoder | ProcessEncoder:
+            if self.settings.encode_worker == "process":
+                return ProcessEncoder(self.settings)
+            return Encoder(self.settings)
+
         try:
-            encoder = await asyncio.to_thread(Encoder, self.settings)
+            encoder = await asyncio.to_thread(build)
         except Exception as exc:
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.exception("could not load embedding model %r", self.settings.model)
@@ -119,12 +125,16 @@ class EmbeddingHandler:
             self._load_task.cancel()
         if self.batcher is not None:
             await self.batcher.stop()
+        if isinstance(self.encoder, ProcessEncoder):
+            await asyncio.to_thread(self.encoder.close)
 
     def readiness(self) -> dict[str, str]:
         if self.load_error:
             return {"model": f"failed to load: {self.load_error}"}
         if self.encoder is None or self.batcher is None:
             return {"model": f"loading {self.settings.model}"}
+        if isinstance(self.encoder, ProcessEncoder) and not self.encoder.alive:
+            return {"model": "encoder process exited"}
         return {"model": "ok"}
 
     async def _ready_batcher(self) -> DynamicBatcher:

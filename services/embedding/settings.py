@@ -78,6 +78,11 @@ class EmbeddingSettings(ServiceSettings):
     max_queued_texts: int = Field(
         default=65536, ge=1, description="Backlog past which requests get 429."
     )
+    encode_worker: Literal["thread", "process"] = Field(
+        default="thread",
+        description="Where the model runs: 'thread' (one worker thread in the service "
+        "process) or 'process' (a child process with its own GIL, fed through a pipe).",
+    )
     cudnn_sdpa: bool = Field(
         default=False,
         description="Let torch send attention to cuDNN on GPU. Off: cuDNN builds an execution "

@@ -1,0 +1,91 @@
+"""The encoder in a child process (``EMBEDDING_ENCODE_WORKER=process``).
+
+On a GPU the forward pass is short and Python-heavy (one dispatch per op), so an encode
+thread and the event loop contend for one GIL: requests are parsed late, batches come out
+small. Here the model lives in a spawned child with its own interpreter; the batcher's
+single worker thread only sends texts down a pipe and reads the rows back (blocking I/O,
+GIL released). Same interface as ``Encoder``.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+from multiprocessing.connection import Connection
+from typing import Any
+
+from services.embedding.encoder import Encoded, Encoder
+from services.embedding.settings import EmbeddingSettings
+
+log = logging.getLogger("arbiter.embedding")
+
+
+def _child(conn: Connection, settings: dict[str, Any]) -> None:
+    try:
+        encoder = Encoder(EmbeddingSettings(**settings))
+    except Exception as exc:
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return
+    conn.send(("ready", encoder.dim, encoder.max_seq_length))
+    while True:
+        try:
+            texts = conn.recv()
+        except EOFError:  # the parent went away
+            return
+        if texts is None:
+            return
+        try:
+            r = encoder.encode(texts)
+            conn.send(("ok", r.vectors, r.tokens, r.truncated))
+        except Exception as exc:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+
+class ProcessEncoder:
+    """Proxy to an ``Encoder`` in a child process. Call ``encode`` from one thread."""
+
+    def __init__(self, settings: EmbeddingSettings):
+        ctx = mp.get_context("spawn")
+        self._conn, child_conn = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_child, args=(child_conn, settings.model_dump()), name="embedding-encoder",
+            daemon=True,
+        )  # fmt: skip
+        self._proc.start()
+        child_conn.close()
+        try:
+            msg = self._conn.recv()
+        except EOFError:
+            msg = ("error", f"encoder process exited with code {self._proc.exitcode}")
+        if msg[0] != "ready":
+            self.close()
+            raise RuntimeError(f"encoder process failed to load the model: {msg[1]}")
+        self.dim: int = msg[1]
+        self.max_seq_length: int = msg[2]
+        log.info("encoder process %d ready", self._proc.pid)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc.is_alive()
+
+    def encode(self, texts: list[str]) -> Encoded:
+        try:
+            self._conn.send(texts)
+            msg = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError) as exc:
+            raise RuntimeError(f"encoder process died (exit code {self._proc.exitcode})") from exc
+        if msg[0] != "ok":
+            raise RuntimeError(f"encoder process: {msg[1]}")
+        return Encoded(msg[1], msg[2], msg[3])
+
+    def close(self) -> None:
+        try:
+            if self._proc.is_alive():
+                self._conn.send(None)
+        except (BrokenPipeError, OSError):
+            pass
+        self._proc.join(5)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(5)
+        self._conn.close()
