@@ -177,3 +177,22 @@ async def test_unconfigured_component(gateway_url: str) -> None:
     assert err["kind"] == "unavailable" and "GATEWAY_JUDGE_URL" in err["message"]
     r = await score(gateway_url, {**body, "on_error": "fail"})
     assert r.status_code == 503 and "GATEWAY_JUDGE_URL" in r.json()["error"]["message"]
+
+
+async def test_partial_hits_and_duplicates_keep_info_aligned(gateway_url: str) -> None:
+    a, b = "<think>x</think><answer>41</answer>", "<think>y</think><answer>42</answer>"
+    c, d = "The answer is 42.", "<answer>7</answer>"  # the prompt makes the keys unique
+    base = {"id": "info", "prompt": "info-test: 6*7?", "reference": "42"}
+    primed = await score(
+        gateway_url, {"recipe": "gsm8k", "groups": [{**base, "responses": [a, b]}]}
+    )
+    assert primed.status_code == 200
+    full = {"recipe": "gsm8k", "groups": [{**base, "responses": [a, b, c, d, c]}]}
+    body = (await score(gateway_url, full)).json()
+    group = body["groups"][0]
+    assert group["components"]["math_accuracy"] == [0.0, 1.0, 1.0, 0.0, 1.0]
+    assert group["components"]["format"] == [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert body["usage"]["cache_hits"] == 4  # a and b, for both components
+    # verify saw only [c, d] (c once): its per-position info maps back via sent_indices
+    info = group["info"]["math_accuracy"]
+    assert info["sent_indices"] == [2, 3] and len(info["answers"]) == 2
