@@ -58,9 +58,14 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """(S, N, V) -> (S, N) entropy of the sampling distribution (temperature 1)."""
-    logp = F.log_softmax(logits.float(), dim=-1)
-    return -(logp.exp() * logp).sum(-1)
+    """(S, N, V) -> (S, N) entropy of the sampling distribution (temperature 1).
+
+    One sequence at a time, so the fp32 temporaries stay at N x V (large vocabularies)."""
+    out = []
+    for row in logits:
+        logp = F.log_softmax(row.float(), dim=-1)
+        out.append(-(logp.exp() * logp).sum(-1))
+    return torch.stack(out)
 
 
 def completion_logits(
