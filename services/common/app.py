@@ -71,6 +71,10 @@ def _loc_to_param(loc: tuple[Any, ...]) -> str:
 async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     errors = exc.errors()
+    if errors and errors[0].get("type") == "json_invalid":
+        detail = (errors[0].get("ctx") or {}).get("error", "")
+        message = f"the body is not valid JSON: {detail}".rstrip(": ")
+        return error_json(422, "invalid_request_error", message, None, "invalid_json")
     first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
     param = _loc_to_param(tuple(first.get("loc", ())))
     message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))

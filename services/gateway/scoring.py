@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 from prometheus_client import Counter
 
 from proto.gateway import ScoreGroup, ScoreRequest
+from services.common.app import NON_BLOCKING_PREFIXES
 from services.common.errors import Unavailable, Unprocessable, UpstreamTimeout
 from services.gateway.cache import Cache, cache_keys
 from services.gateway.fanout import CallFailure, CallResult, ComponentClient, env_var
@@ -252,7 +253,13 @@ class Scorer:
             self.cache.check(),
         )
         names = [*services, *(f"{name} (GATEWAY_COMPONENT_URLS)" for name in overrides), "cache"]
-        return dict(zip(names, checks, strict=True))
+        # A component that is down degrades the gateway (its scores come back null + masked)
+        # but does not take it out of service: math and format keep flowing while vLLM restarts.
+        return {
+            name: check if check == "ok" or check.startswith(NON_BLOCKING_PREFIXES)
+            else f"degraded: {check}"
+            for name, check in zip(names, checks, strict=True)
+        }  # fmt: skip
 
 
 def _unconfigured(comp: _Component) -> str:
