@@ -24,7 +24,7 @@ from tests.services.judge.conftest import judge_env
 
 GROUP = {"id": "g", "prompt": "What is 6 * 7?", "reference": "42", "responses": ["42", "41"]}
 TIMEOUT_S = 1.5
-MARGIN_S = 3.5  # process start-up of the first request, scheduling on a loaded 2-core machine
+MARGIN_S = 5.0  # scheduling on a loaded 2-core machine (seen: 4.4 s at load 9); < the stub's 10 s
 
 
 @pytest.fixture(scope="module")
