@@ -30,6 +30,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _ready(proc: Any, timeout: float) -> None:
+    try:
+        proc.start().wait_ready(timeout)
+    except Exception as e:
+        tail = proc.log_path.read_text(errors="replace")[-3000:] if proc.log_path else ""
+        raise RuntimeError(f"{proc.name} did not start: {e}\n{tail}") from e
+
+
 def _services(log_dir: Path, verify_workers: int) -> tuple[list[Any], str]:
     from arbiter.procs import free_port, uvicorn_process
 
@@ -38,14 +46,14 @@ def _services(log_dir: Path, verify_workers: int) -> tuple[list[Any], str]:
         "verify", "services.verify.app:create_app", vport,
         env={"VERIFY_WORKERS": str(verify_workers)}, log_path=log_dir / "verify.log",
     )  # fmt: skip
-    verify.start().wait_ready(120)
+    _ready(verify, 120)
     env = {"GATEWAY_VERIFY_URL": f"http://127.0.0.1:{vport}"}
     gateway = uvicorn_process(
         "gateway", "services.gateway.app:create_app", gport, env=env,
         log_path=log_dir / "gateway.log",
     )  # fmt: skip
     os.environ.pop("REDIS_URL", None)  # the gateway falls back to its in-process LRU
-    gateway.start().wait_ready(60)
+    _ready(gateway, 60)
     return [gateway, verify], f"http://127.0.0.1:{gport}"
 
 
@@ -147,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--timeout", type=int, default=480, help="kill the GRPO run after this")
     p.add_argument("overrides", nargs="*", help="extra trainer settings, key=value")
     a = p.parse_args(argv)
+    import services.gateway.app
+    import services.verify.app  # noqa: F401 - fail fast on a missing wheel, before the SFT
     from trainer.sft import build_base, greedy_accuracy, train_sft, write_dataset
 
     a.out.mkdir(parents=True, exist_ok=True)
@@ -193,16 +203,16 @@ def main(argv: list[str] | None = None) -> None:
         "max_new_tokens": 48, "max_prompt_tokens": 256, "temperature": 1.0,
         "lr": 2.0e-4, "warmup_steps": 5, "beta": 0.0, "mu": 1,
         "eval_every": 25, "eval_problems": 500, "save_every": 0, "progress": False,
-        "reward_concurrency": 32, "pipeline": False,
+        "reward_concurrency": 32, "pipeline": True,
     }  # fmt: skip
     res["trainer_settings"] = settings | {"overrides": a.overrides}
     try:
         res["grpo"] = _run_trainer(a, settings, a.overrides, "learn", a.timeout)
         dump()
-        if a.pipeline_steps:
-            pipe = settings | {"steps": a.pipeline_steps, "eval_every": 0, "pipeline": True,
-                               "run_dir": str(a.work / "run-pipeline"), "plot": False}  # fmt: skip
-            res["grpo_pipelined"] = _run_trainer(a, pipe, a.overrides, "pipeline", 240)
+        if a.compare_steps:
+            plain = settings | {"steps": a.compare_steps, "eval_every": 0, "pipeline": False,
+                                "run_dir": str(a.work / "run-plain"), "plot": False}  # fmt: skip
+            res["grpo_not_pipelined"] = _run_trainer(a, plain, a.overrides, "plain", 240)
     finally:
         for proc in procs:
             proc.stop()

@@ -101,11 +101,36 @@ def phase_check(a: ModuleType, tok: Any, dev: str) -> dict[str, Any]:
 
     hf_mask = completion_mask_from_ids(hf, tok.eos_token_id)
     res["nll_ours"] = _mean_nll(model, p_ids, p_mask, ours, ours_mask)
+    res |= _check_autocast(a, p_ids, p_mask, kw)
     res["nll_hf_generate"] = _mean_nll(model, p_ids, p_mask, hf, hf_mask)
     (m1, s1), (m2, s2) = res["nll_ours"], res["nll_hf_generate"]
     res["nll_diff_in_stderr"] = round((m1 - m2) / math.sqrt(s1**2 + s2**2), 2)
     del model
     return res
+
+
+def _check_autocast(
+    a: ModuleType, p_ids: torch.Tensor, p_mask: torch.Tensor, kw: dict[str, Any]
+) -> dict[str, Any]:
+    """fp32 weights under bf16 autocast (the trainer's bf16-mixed): graphs replayed in a later
+    autocast context, after an in-place weight update, still equal the eager sampler."""
+    from trainer.generation import Sampler
+
+    if not torch.cuda.is_available():
+        return {}
+    m32 = a.load_model().float().eval()
+    graphed, eager = Sampler(m32), Sampler(m32, use_cuda_graphs=False)
+    out: dict[str, Any] = {}
+    for r in range(2):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            g, _ = graphed(p_ids, p_mask, max_new_tokens=32, temperature=0.0, **kw)
+            e, _ = eager(p_ids, p_mask, max_new_tokens=32, temperature=0.0, **kw)
+        out[f"autocast_graph_equals_eager_round{r}"] = bool(torch.equal(g, e))
+        with torch.no_grad():  # an optimizer-like in-place update between rollouts
+            for p in m32.parameters():
+                p.add_(torch.randn_like(p) * 0.02)
+    del m32
+    return out
 
 
 def phase_hf(a: ModuleType, tok: Any, dev: str) -> dict[str, Any]:

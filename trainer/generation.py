@@ -334,6 +334,31 @@ class Sampler:
                 prompt_ids, prompt_mask, max_new_tokens, temperature, top_p,
                 eos_token_id, pad_token_id, generator,
             )  # fmt: skip
+        dev_type = self.device.type
+        ctx: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if torch.is_autocast_enabled(dev_type):
+            # Autocast's weight-cast cache must be off: a captured graph would otherwise read
+            # the cached bf16 weight copies, which are freed when the caller's autocast exits
+            # (stale memory, and optimizer updates unseen). Uncached, the casts are in the graph.
+            dt = torch.get_autocast_dtype(dev_type)
+            ctx = torch.autocast(dev_type, dtype=dt, cache_enabled=False)
+        with ctx:
+            return self._fast(
+                prompt_ids, prompt_mask, max_new_tokens, temperature, top_p,
+                eos_token_id, pad_token_id, generator,
+            )  # fmt: skip
+
+    def _fast(
+        self,
+        prompt_ids: torch.Tensor,
+        prompt_mask: torch.Tensor,
+        max_new_tokens: int,
+        temperature: float,
+        top_p: float,
+        eos_token_id: int,
+        pad_token_id: int,
+        generator: torch.Generator | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         prompt_ids = prompt_ids.to(self.device)
         prompt_mask = prompt_mask.to(self.device).bool()
         b, p = prompt_ids.shape
