@@ -12,7 +12,7 @@
    share of step time) goes to ``$OUT/trainer_learn.json``; curves.png, metrics.jsonl and the
    trainer log are copied to ``$OUT``.
 
-    python -m bench.trainer_learn [--sft-steps 300 --grpo-steps 200 --pipeline ...]
+    python -m bench.trainer_learn [--steps 400 --timeout 360 --compare-steps 40]
 """
 
 from __future__ import annotations
@@ -146,10 +146,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--sft-lr", type=float, default=1e-3)
     p.add_argument("--steps", type=int, default=300, help="GRPO steps")
     p.add_argument(
-        "--pipeline-steps",
+        "--compare-steps",
         type=int,
         default=40,
-        help="then a short pipeline=true run to measure the reward wait (0: skip)",
+        help="then a short pipeline=false run to compare the reward wait (0: skip)",
     )
     p.add_argument("--verify-workers", type=int, default=8)
     p.add_argument("--timeout", type=int, default=480, help="kill the GRPO run after this")
