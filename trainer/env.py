@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import torch
 
 from trainer.data import Problem, chat_messages, render_prompt
-from trainer.rollout import Rollout, collate, generate
+from trainer.rollout import Rollout, collate, generate, single_turn
 
 CALC_INSTRUCTION = (
     "Solve the math problem. Reason step by step inside <think>...</think>, then give only "
@@ -240,4 +240,28 @@ def multi_turn(
         loss_mask=loss_mask,
         texts=texts,
         turns=turns,
+    )
+
+
+def rollout_batch(
+    model: Any,
+    tokenizer: Any,
+    problems: list[Problem],
+    *,
+    env: str,
+    max_turns: int,
+    **sampling: Any,
+) -> Rollout:
+    """Single-turn (``env="none"``) or multi-turn rollouts of ``problems``; ``sampling`` are
+    the keyword arguments of ``single_turn`` / ``multi_turn`` (group size, lengths, ...)."""
+    if env == "none":
+        return single_turn(model, tokenizer, problems, **sampling)
+    system_prompt = sampling.get("system_prompt", "")
+    return multi_turn(
+        model,
+        tokenizer,
+        lambda: make_env(env, system_prompt),
+        problems,
+        max_turns=max_turns,
+        **sampling,
     )

@@ -13,9 +13,8 @@ import torch
 from proto.gateway import ScoreGroup
 from trainer.config import TrainerConfig
 from trainer.data import Problem
-from trainer.env import make_env, multi_turn
+from trainer.env import rollout_batch
 from trainer.rewards import RewardClient
-from trainer.rollout import single_turn
 from trainer.setup import Dist
 
 
@@ -47,17 +46,7 @@ def evaluate(
             precision=precision,
             device=device,
         )
-        if cfg.env == "none":
-            r = single_turn(model, tokenizer, batch, **common)
-        else:
-            r = multi_turn(
-                model,
-                tokenizer,
-                lambda: make_env(cfg.env, cfg.system_prompt),
-                batch,
-                max_turns=cfg.max_turns,
-                **common,
-            )
+        r = rollout_batch(model, tokenizer, batch, env=cfg.env, max_turns=cfg.max_turns, **common)
         texts.extend(r.texts)
     sums: dict[str, list[float]] = {}
     if mine:
@@ -80,16 +69,7 @@ def evaluate(
         out[f"eval/{n}/null"] = nulls
     lens = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
     out["eval/completion_len"] = sum(lens) / max(1, len(lens))
-    comp = [
-        k
-        for k in out
-        if k.startswith("eval/")
-        and k.count("/") == 1
-        and k not in ("eval/reward", "eval/completion_len")
-    ]
-    out["eval/accuracy"] = out.get(
-        "eval/math_accuracy",
-        out.get(comp[0], math.nan) if comp else out.get("eval/reward", math.nan),
-    )
+    # accuracy: the math_accuracy component when the eval recipe has it, else the reward
+    out["eval/accuracy"] = out.get("eval/math_accuracy", out.get("eval/reward", math.nan))
     out["eval/problems"] = float(len(problems))
     return out

@@ -18,9 +18,7 @@ against its behaviour log-probs corrects for that.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import math
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -32,20 +30,12 @@ from proto.gateway import ScoreGroup
 from trainer import checkpoint
 from trainer.config import TrainerConfig
 from trainer.data import batch_indices, load_problems
-from trainer.env import make_env, multi_turn
+from trainer.env import rollout_batch
 from trainer.evaluate import evaluate
-from trainer.grpo import (
-    build_optimizer,
-    completion_logits,
-    group_advantages,
-    group_std_is_zero,
-    grpo_loss,
-    token_entropy,
-    token_logprobs,
-)
-from trainer.metrics import RunLogger, plot_curves
+from trainer.grpo import build_optimizer, group_advantages
+from trainer.metrics import RunLogger, plot_curves, reduce_record, step_metrics
 from trainer.rewards import BatchRewards, RewardClient, RewardsUnavailable
-from trainer.rollout import Rollout, autocast, sequence_logprobs, single_turn
+from trainer.rollout import Rollout, sequence_logprobs
 from trainer.setup import (
     init_distributed,
     load_model,
@@ -54,6 +44,7 @@ from trainer.setup import (
     resolve_precision,
     setup_logging,
 )
+from trainer.update import train_on_batch
 
 log = logging.getLogger("trainer")
 
@@ -178,17 +169,9 @@ def train(cfg: TrainerConfig) -> dict[str, Any]:
             precision=precision,
             device=device,
         )
-        if cfg.env == "none":
-            rollout = single_turn(policy, tokenizer, batch, **common)
-        else:
-            rollout = multi_turn(
-                policy,
-                tokenizer,
-                lambda: make_env(cfg.env, cfg.system_prompt),
-                batch,
-                max_turns=cfg.max_turns,
-                **common,
-            )
+        rollout = rollout_batch(
+            policy, tokenizer, batch, env=cfg.env, max_turns=cfg.max_turns, **common
+        )
         gen_s = time.perf_counter() - t0
         groups = [
             ScoreGroup(
@@ -337,119 +320,3 @@ def train(cfg: TrainerConfig) -> dict[str, Any]:
     rewards.close()
     dist.barrier()
     return summary
-
-
-def train_on_batch(
-    cfg: TrainerConfig,
-    model: Any,
-    policy: Any,
-    opt: torch.optim.Optimizer,
-    roll: Rollout,
-    adv: torch.Tensor,
-    dist: Any,
-    device: torch.device,
-    precision: str,
-) -> dict[str, float]:
-    """mu passes of clipped-surrogate updates; returns summed token statistics."""
-    S, N, mbs = len(roll), roll.n_completion, cfg.micro_batch_size
-    lens = roll.loss_mask.sum(-1)
-    tokens, seqs = dist.all_sum([float(lens.sum()), float((lens > 0).sum())], device)
-    # DDP averages gradients over ranks, so each rank divides by the global count / world
-    norm = max(1.0, tokens if cfg.loss_agg == "token_mean" else seqs) / dist.world
-    acc = {
-        "loss": 0.0,
-        "pg": 0.0,
-        "kl": 0.0,
-        "clipped": 0.0,
-        "ratio": 0.0,
-        "entropy": 0.0,
-        "grad_norm": 0.0,
-    }
-    for it in range(cfg.mu):
-        opt.zero_grad(set_to_none=True)
-        starts = list(range(0, S, mbs))
-        for k, s in enumerate(starts):
-            sl = slice(s, s + mbs)
-            ids, attn, mask = roll.input_ids[sl], roll.attention_mask[sl], roll.loss_mask[sl]
-            sync = k == len(starts) - 1 or not dist.enabled
-            with contextlib.nullcontext() if sync else model.no_sync(), autocast(device, precision):
-                logits = completion_logits(model, ids, attn, N)
-                logps = token_logprobs(logits, ids[:, -N:])
-                old = roll.old_logps[sl] if roll.old_logps is not None else logps.detach()
-                ref = roll.ref_logps[sl] if roll.ref_logps is not None else None
-                parts = grpo_loss(
-                    logps,
-                    old,
-                    adv[sl],
-                    mask,
-                    ref_logps=ref,
-                    beta=cfg.beta,
-                    eps_low=cfg.eps_low,
-                    eps_high=cfg.eps_high,
-                    agg=cfg.loss_agg,
-                    norm=norm,
-                )
-                parts.loss.backward()
-            if it == 0:
-                ent = token_entropy(logits.detach())
-                acc["entropy"] += float((ent * mask).sum())
-                acc["pg"] += float(parts.pg_sum)
-                acc["kl"] += float(parts.kl_sum)
-            acc["clipped"] += float(parts.clipped)
-            acc["ratio"] += float(parts.ratio_sum)
-            acc["loss"] += float(parts.loss.detach()) / cfg.mu
-            del logits, logps, parts
-        if cfg.max_grad_norm > 0:
-            acc["grad_norm"] = float(
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
-            )
-        opt.step()
-    local = max(1.0, float(lens.sum()))
-    return {
-        "loss": acc["loss"],
-        "grad_norm": acc["grad_norm"],
-        "entropy": acc["entropy"] / local,
-        "kl": acc["kl"] / local,
-        "pg_loss": acc["pg"] / local,
-        "clip_frac": acc["clipped"] / (local * cfg.mu),
-        "ratio/mean": acc["ratio"] / (local * cfg.mu),
-    }
-
-
-def _mean_std(xs: list[float]) -> tuple[float, float]:
-    ok = [x for x in xs if not math.isnan(x)]
-    if not ok:
-        return math.nan, math.nan
-    m = sum(ok) / len(ok)
-    return m, math.sqrt(sum((x - m) ** 2 for x in ok) / len(ok))
-
-
-def step_metrics(
-    result: BatchRewards, r: torch.Tensor, G: int, roll: Rollout, stats: dict[str, float]
-) -> dict[str, Any]:
-    out: dict[str, Any] = dict(stats)
-    out["reward/mean"], out["reward/std"] = _mean_std(r.tolist())
-    out["reward/null_frac"] = float(torch.isnan(r).float().mean())
-    out["reward/errors"] = float(sum(result.error_kinds().values()))
-    for name in result.component_names():
-        out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = _mean_std(
-            result.flat_component(name)
-        )
-    out["groups/zero_std_frac"] = float(group_std_is_zero(r, G).float().mean())
-    lens = roll.loss_mask.sum(-1).float()
-    out["completion_len/mean"], out["completion_len/max"] = float(lens.mean()), float(lens.max())
-    out["turns/mean"] = sum(roll.turns) / max(1, len(roll.turns))
-    out["tokens/action"] = float(roll.action_tokens)
-    return out
-
-
-def reduce_record(record: dict[str, Any], dist: Any, device: torch.device) -> dict[str, Any]:
-    """Average numeric metrics over ranks (max for maxima, sum for token counts)."""
-    if not dist.enabled:
-        return record
-    keys = sorted(k for k, v in record.items() if isinstance(v, float) and k != "lr")
-    vals = dist.all_sum([0.0 if math.isnan(record[k]) else record[k] for k in keys], device)
-    out = dict(record)
-    for k, v in zip(keys, vals, strict=True):
-        out[k] = v if k.startswith("tokens") else v / dist.world
-    return out

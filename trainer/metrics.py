@@ -13,6 +13,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from trainer.grpo import group_std_is_zero
+from trainer.rewards import BatchRewards
+from trainer.rollout import Rollout
+
 log = logging.getLogger("trainer")
 
 
@@ -115,4 +121,43 @@ def plot_curves(run_dir: Path) -> Path | None:
     out = run_dir / "curves.png"
     fig.savefig(out, dpi=110)
     plt.close(fig)
+    return out
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    ok = [x for x in xs if not math.isnan(x)]
+    if not ok:
+        return math.nan, math.nan
+    m = sum(ok) / len(ok)
+    return m, math.sqrt(sum((x - m) ** 2 for x in ok) / len(ok))
+
+
+def step_metrics(
+    result: BatchRewards, r: torch.Tensor, G: int, roll: Rollout, stats: dict[str, float]
+) -> dict[str, Any]:
+    out: dict[str, Any] = dict(stats)
+    out["reward/mean"], out["reward/std"] = _mean_std(r.tolist())
+    out["reward/null_frac"] = float(torch.isnan(r).float().mean())
+    out["reward/errors"] = float(sum(result.error_kinds().values()))
+    for name in result.component_names():
+        out[f"reward/{name}/mean"], out[f"reward/{name}/std"] = _mean_std(
+            result.flat_component(name)
+        )
+    out["groups/zero_std_frac"] = float(group_std_is_zero(r, G).float().mean())
+    lens = roll.loss_mask.sum(-1).float()
+    out["completion_len/mean"], out["completion_len/max"] = float(lens.mean()), float(lens.max())
+    out["turns/mean"] = sum(roll.turns) / max(1, len(roll.turns))
+    out["tokens/action"] = float(roll.action_tokens)
+    return out
+
+
+def reduce_record(record: dict[str, Any], dist: Any, device: torch.device) -> dict[str, Any]:
+    """Average numeric metrics over ranks (max for maxima, sum for token counts)."""
+    if not dist.enabled:
+        return record
+    keys = sorted(k for k, v in record.items() if isinstance(v, float) and k != "lr")
+    vals = dist.all_sum([0.0 if math.isnan(record[k]) else record[k] for k in keys], device)
+    out = dict(record)
+    for k, v in zip(keys, vals, strict=True):
+        out[k] = v if k.startswith("tokens") else v / dist.world
     return out

@@ -12,9 +12,9 @@ from trainer.config import TrainerConfig
 from trainer.data import Problem
 from trainer.env import Step, multi_turn
 from trainer.grpo import build_optimizer, completion_logits, grpo_loss, token_logprobs
-from trainer.loop import train_on_batch
 from trainer.rollout import single_turn
 from trainer.setup import Dist, load_model, load_tokenizer
+from trainer.update import train_on_batch
 
 PROBLEMS = [
     Problem(id=f"p{i}", question=f"What is {i} + {i}?", reference=str(2 * i)) for i in range(2)
