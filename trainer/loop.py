@@ -18,6 +18,7 @@ against its behaviour log-probs corrects for that.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from concurrent.futures import Future
@@ -190,108 +191,127 @@ def train(cfg: TrainerConfig) -> dict[str, Any]:
             rollout.ref_logps = sequence_logprobs(ref, rollout, cfg.micro_batch_size, precision)
         return Pending(rollout, future, gen_s, time.perf_counter() - t1)
 
-    if cfg.eval_every and start_step == 0:
-        run_eval(0)
-    t_first = time.perf_counter()
-    pending = produce(start_step) if cfg.pipeline else None
-    skipped_in_row, summary, seen_error_kinds = 0, {}, set()
-    for step in range(start_step, cfg.steps):
-        t_step = t_first if step == start_step else time.perf_counter()
-        # 1-2. Rollout + reward requests (pipelined: sample the next batch while this one is scored)
-        if pending is not None:
-            current = pending
-            pending = produce(step + 1) if step + 1 < cfg.steps else None
-            # time spent this iteration: the next batch's sampling (+ the first batch's, once)
-            gen_s = (current.gen_s if step == start_step else 0.0) + (
-                pending.gen_s if pending else 0.0
-            )
-            logp_s = (current.logp_s if step == start_step else 0.0) + (
-                pending.logp_s if pending else 0.0
-            )
-        else:
-            current = produce(step)
-            gen_s, logp_s = current.gen_s, current.logp_s
-        roll = current.rollout
+    # rewards thread and progress bar are closed however the run ends
+    with contextlib.closing(rewards), contextlib.closing(logger):
+        if cfg.eval_every and start_step == 0:
+            run_eval(0)
+        t_first = time.perf_counter()
+        pending = produce(start_step) if cfg.pipeline else None
+        skipped_in_row, summary, seen_error_kinds = 0, {}, set()
+        for step in range(start_step, cfg.steps):
+            t_step = t_first if step == start_step else time.perf_counter()
+            # 1-2. Rollout + reward requests (pipelined: sample batch k+1 while k is scored)
+            if pending is not None:
+                current = pending
+                pending = produce(step + 1) if step + 1 < cfg.steps else None
+                # time spent this iteration: the next batch's sampling (+ the first batch's, once)
+                gen_s = (current.gen_s if step == start_step else 0.0) + (
+                    pending.gen_s if pending else 0.0
+                )
+                logp_s = (current.logp_s if step == start_step else 0.0) + (
+                    pending.logp_s if pending else 0.0
+                )
+            else:
+                current = produce(step)
+                gen_s, logp_s = current.gen_s, current.logp_s
+            roll = current.rollout
 
-        # 3. Wait for the rewards; a gateway outage skips the batch on every rank
-        t_wait = time.perf_counter()
-        result: BatchRewards | None = None
-        try:
-            result = current.rewards.result()
-        except RewardsUnavailable as e:
-            log.warning("step %d: batch skipped, no rewards: %s", step, e)
-        wait_s = time.perf_counter() - t_wait
-        if dist.any(result is None, device):
-            skipped_in_row += 1
-            logger.write({"kind": "skip", "step": step, "reason": "rewards unavailable"})
-            if skipped_in_row > cfg.max_skipped_batches:
-                raise RuntimeError(
-                    f"{skipped_in_row} batches in a row without rewards: "
-                    f"is the gateway at {cfg.gateway_url} up?"
+            # 3. Wait for the rewards; a gateway outage skips the batch on every rank
+            t_wait = time.perf_counter()
+            result: BatchRewards | None = None
+            try:
+                result = current.rewards.result()
+            except RewardsUnavailable as e:
+                log.warning("step %d: batch skipped, no rewards: %s", step, e)
+            wait_s = time.perf_counter() - t_wait
+            if dist.any(result is None, device):
+                skipped_in_row += 1
+                logger.write({"kind": "skip", "step": step, "reason": "rewards unavailable"})
+                if skipped_in_row > cfg.max_skipped_batches:
+                    raise RuntimeError(
+                        f"{skipped_in_row} batches in a row without rewards: "
+                        f"is the gateway at {cfg.gateway_url} up?"
+                    )
+                continue
+            assert result is not None
+            skipped_in_row = 0
+            for kind, n in result.error_kinds().items():
+                if kind not in seen_error_kinds:  # say it once per kind; counts go to the metrics
+                    seen_error_kinds.add(kind)
+                    log.warning(
+                        "step %d: %d null reward(s) of kind %r (masked, advantage 0)", step, n, kind
+                    )
+            if result.fingerprint != fingerprint:
+                if fingerprint:
+                    log.warning(
+                        "recipe fingerprint changed: %s -> %s", fingerprint, result.fingerprint
+                    )
+                fingerprint = result.fingerprint
+                logger.write(
+                    {
+                        "kind": "recipe",
+                        "step": step,
+                        "recipe": result.recipe_name,
+                        "fingerprint": fingerprint,
+                    }
                 )
-            continue
-        assert result is not None
-        skipped_in_row = 0
-        for kind, n in result.error_kinds().items():
-            if kind not in seen_error_kinds:  # say it once per kind; counts go to the metrics
-                seen_error_kinds.add(kind)
-                log.warning(
-                    "step %d: %d null reward(s) of kind %r (masked, advantage 0)", step, n, kind
-                )
-        if result.fingerprint != fingerprint:
-            if fingerprint:
-                log.warning("recipe fingerprint changed: %s -> %s", fingerprint, result.fingerprint)
-            fingerprint = result.fingerprint
-            logger.write(
+
+            # 4. Advantages: group-normalised over non-null rewards; null rewards -> A = 0
+            r = torch.tensor(result.flat(), dtype=torch.float32)
+            adv = group_advantages(r, G, scale=cfg.scale_rewards, eps=cfg.adv_eps).to(device)
+
+            # 5. Loss and optimizer step: mu passes over the batch, micro-batches accumulated
+            t_train = time.perf_counter()
+            stats = train_on_batch(cfg, model, policy, opt, roll, adv, dist, device, precision)
+            sched.step()
+            train_s = time.perf_counter() - t_train
+
+            # 6. Log
+            step_s = time.perf_counter() - t_step
+            record = step_metrics(result, r, G, roll, stats)
+            record.update(
                 {
-                    "kind": "recipe",
-                    "step": step,
-                    "recipe": result.recipe_name,
-                    "fingerprint": fingerprint,
+                    "step": step + 1,
+                    "lr": sched.get_last_lr()[0],
+                    "time/generate": gen_s,
+                    "time/logprobs": logp_s,
+                    "time/reward_wait": wait_s,
+                    "time/train": train_s,
+                    "time/step": step_s,
+                    "time/reward_latency": result.elapsed_s,
+                    "reward_wait_frac": wait_s / step_s,
+                    "tokens_per_s": roll.action_tokens / step_s,
                 }
             )
+            record = reduce_record(record, dist, device)
+            logger.step(record)
+            summary = record
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
+                run_eval(step + 1)
+            if (
+                cfg.save_every
+                and (step + 1) % cfg.save_every == 0
+                and step + 1 < cfg.steps
+                and dist.main
+            ):
+                checkpoint.save(
+                    run_dir,
+                    step + 1,
+                    policy,
+                    tokenizer,
+                    opt,
+                    sched,
+                    {"recipe_fingerprint": fingerprint},
+                    cfg.keep_checkpoints,
+                )
 
-        # 4. Advantages: group-normalised over non-null rewards; null rewards -> A = 0
-        r = torch.tensor(result.flat(), dtype=torch.float32)
-        adv = group_advantages(r, G, scale=cfg.scale_rewards, eps=cfg.adv_eps).to(device)
-
-        # 5. Loss and optimizer step: mu passes over the batch, micro-batches accumulated
-        t_train = time.perf_counter()
-        stats = train_on_batch(cfg, model, policy, opt, roll, adv, dist, device, precision)
-        sched.step()
-        train_s = time.perf_counter() - t_train
-
-        # 6. Log
-        step_s = time.perf_counter() - t_step
-        record = step_metrics(result, r, G, roll, stats)
-        record.update(
-            {
-                "step": step + 1,
-                "lr": sched.get_last_lr()[0],
-                "time/generate": gen_s,
-                "time/logprobs": logp_s,
-                "time/reward_wait": wait_s,
-                "time/train": train_s,
-                "time/step": step_s,
-                "time/reward_latency": result.elapsed_s,
-                "reward_wait_frac": wait_s / step_s,
-                "tokens_per_s": roll.action_tokens / step_s,
-            }
-        )
-        record = reduce_record(record, dist, device)
-        logger.step(record)
-        summary = record
-        if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-            run_eval(step + 1)
-        if (
-            cfg.save_every
-            and (step + 1) % cfg.save_every == 0
-            and step + 1 < cfg.steps
-            and dist.main
-        ):
+        # --- end: final eval, checkpoint, curves
+        if cfg.eval_every:
+            run_eval(cfg.steps)
+        if dist.main:
             checkpoint.save(
                 run_dir,
-                step + 1,
+                cfg.steps,
                 policy,
                 tokenizer,
                 opt,
@@ -299,24 +319,7 @@ def train(cfg: TrainerConfig) -> dict[str, Any]:
                 {"recipe_fingerprint": fingerprint},
                 cfg.keep_checkpoints,
             )
-
-    # --- end: final eval, checkpoint, curves
-    if cfg.eval_every:
-        run_eval(cfg.steps)
-    if dist.main:
-        checkpoint.save(
-            run_dir,
-            cfg.steps,
-            policy,
-            tokenizer,
-            opt,
-            sched,
-            {"recipe_fingerprint": fingerprint},
-            cfg.keep_checkpoints,
-        )
-        if cfg.plot:
-            plot_curves(run_dir)
-    logger.close()
-    rewards.close()
+            if cfg.plot:
+                plot_curves(run_dir)
     dist.barrier()
     return summary

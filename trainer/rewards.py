@@ -216,6 +216,8 @@ class RewardClient:
             asyncio.run_coroutine_threadsafe(_close(), self._loop).result(timeout=10)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+            if not self._thread.is_alive():
+                self._loop.close()
 
     def __enter__(self) -> RewardClient:
         return self

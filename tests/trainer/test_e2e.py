@@ -21,7 +21,7 @@ from proto.gateway import ScoreGroup
 from trainer.config import TrainerConfig
 from trainer.grpo import group_advantages
 from trainer.loop import train
-from trainer.rewards import RewardClient
+from trainer.rewards import RewardClient, RewardRequestError
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -235,3 +235,14 @@ def test_torchrun_two_processes(
     # token counts are summed over the two ranks: 2 x 4 completions of <= 8 tokens
     assert 4 * 2 < steps[0]["tokens/action"] <= 2 * 4 * 8
     assert (run / "checkpoints" / "step-000002" / "done").exists()
+
+
+def test_unknown_recipe_stops_the_run(
+    tiny_model: Path, gsm8k_dir: Path, gateway_url: str, tmp_path: Path
+) -> None:
+    # a 4xx other than 429 is a bug in the request, not an outage: no retries, no skipping
+    cfg = _cfg(
+        tiny_model, gsm8k_dir, tmp_path / "run", gateway_url, recipe="no-such-recipe", plot=False
+    )
+    with pytest.raises(RewardRequestError, match="no-such-recipe"):
+        train(cfg)
