@@ -135,14 +135,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--sft-max-steps", type=int, default=2000)
+    p.add_argument("--sft-steps", type=int, default=1500)
     p.add_argument(
-        "--sft-stop-accuracy",
+        "--slip-rate",
         type=float,
-        default=0.25,
-        help="stop the supervised pass once valid greedy accuracy reaches this",
+        default=0.6,
+        help="share of warm-start demonstrations showing the misconception (see trainer.sft)",
     )
-    p.add_argument("--sft-check-every", type=int, default=50)
+    p.add_argument("--sft-check-every", type=int, default=500)
     p.add_argument("--sft-lr", type=float, default=1e-3)
     p.add_argument("--steps", type=int, default=300, help="GRPO steps")
     p.add_argument(
@@ -172,15 +172,13 @@ def main(argv: list[str] | None = None) -> None:
 
     res["card"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     t0 = time.perf_counter()
-    data = write_dataset(a.work / "arith", 20000, 500)
+    data = write_dataset(a.work / "arith", 20000, 500, slip_rate=a.slip_rate)
     corpus = a.corpus if a.corpus.exists() else None
     base = build_base(a.work / "base", corpus, hidden=a.hidden, layers=a.layers, heads=a.heads,
                       seed=0)  # fmt: skip
     sft_dir = a.work / "sft"
-    res["sft"] = train_sft(
-        base, data, sft_dir, steps=a.sft_max_steps, lr=a.sft_lr,
-        stop_at_accuracy=a.sft_stop_accuracy, check_every=a.sft_check_every,
-    )  # fmt: skip
+    res["sft"] = train_sft(base, data, sft_dir, steps=a.sft_steps, lr=a.sft_lr,
+                           check_every=a.sft_check_every)  # fmt: skip
     res["sft"]["wall_s_with_data_and_tokenizer"] = round(time.perf_counter() - t0, 1)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -12,7 +12,7 @@ The supervised pass is deliberately short, so the model writes the format but ge
 sums wrong; GRPO through the gateway then has accuracy to win. Prompts are rendered exactly
 as the trainer renders them (``trainer.data.chat_messages`` + the chat template).
 
-    python -m trainer.sft data OUT_DIR [--train 20000 --test 500]
+    python -m trainer.sft data OUT_DIR [--train 20000 --test 500 --slip-rate 0.6]
     python -m trainer.sft train OUT_MODEL_DIR --data DATA_DIR [--steps 300 --hidden 256 ...]
 """
 
@@ -39,6 +39,8 @@ class ArithProblem:
     question: str
     steps: list[str]  # "a + b = c" lines for the <think> block
     answer: int
+    slip_steps: list[str] | None = None  # the misconception's working (None: no slip)
+    slip_answer: int | None = None
 
     def gsm8k_row(self) -> dict[str, str]:
         return {
@@ -46,11 +48,12 @@ class ArithProblem:
             "answer": "\n".join(self.steps) + f"\n#### {self.answer}",
         }
 
-    def target(self) -> str:
-        """The completion the SFT pass teaches (the EOS token is appended by the tokenizer step)."""
-        return (
-            f"<think>{' '.join(s + '.' for s in self.steps)}</think><answer>{self.answer}</answer>"
-        )
+    def target(self, slip: bool = False) -> str:
+        """The completion the SFT pass teaches (EOS appended later); ``slip``: the misconception."""
+        steps, answer = self.steps, self.answer
+        if slip and self.slip_steps is not None:
+            steps, answer = self.slip_steps, int(self.slip_answer or 0)
+        return f"<think>{' '.join(x + '.' for x in steps)}</think><answer>{answer}</answer>"
 
 
 def _add(rng: random.Random, name: str, item: str) -> ArithProblem:
@@ -63,13 +66,13 @@ def _sub(rng: random.Random, name: str, item: str) -> ArithProblem:
     a = rng.randint(30, 99)
     b = rng.randint(10, a - 5)
     q = f"{name} had {a} {item} and gave {b} of them to a friend. How many {item} are left?"
-    return ArithProblem(q, [f"{a} - {b} = {a - b}"], a - b)
+    return ArithProblem(q, [f"{a} - {b} = {a - b}"], a - b, [f"{a} + {b} = {a + b}"], a + b)
 
 
 def _mul(rng: random.Random, name: str, item: str) -> ArithProblem:
     a, b = rng.randint(3, 19), rng.randint(2, 9)
     q = f"{name} buys {b} boxes with {a} {item} in each box. How many {item} does {name} buy?"
-    return ArithProblem(q, [f"{b} * {a} = {a * b}"], a * b)
+    return ArithProblem(q, [f"{b} * {a} = {a * b}"], a * b, [f"{b} + {a} = {a + b}"], a + b)
 
 
 def _two_step(rng: random.Random, name: str, item: str) -> ArithProblem:
@@ -79,7 +82,8 @@ def _two_step(rng: random.Random, name: str, item: str) -> ArithProblem:
         f"{name} has {a} {item} and buys {b} more. Then {name} gives away {c}. "
         f"How many {item} does {name} have?"
     )
-    return ArithProblem(q, [f"{a} + {b} = {a + b}", f"{a + b} - {c} = {a + b - c}"], a + b - c)
+    steps = [f"{a} + {b} = {a + b}", f"{a + b} - {c} = {a + b - c}"]
+    return ArithProblem(q, steps, a + b - c, [f"{a} + {b} = {a + b}"], a + b)
 
 
 KINDS: list[Callable[[random.Random, str, str], ArithProblem]] = [_add, _sub, _mul, _two_step]
@@ -90,9 +94,19 @@ def make_problem(rng: random.Random) -> ArithProblem:
 
 
 def write_dataset(
-    out_dir: Path, n_train: int = 20000, n_test: int = 500, seed: int = 0, n_valid: int = 200
+    out_dir: Path,
+    n_train: int = 20000,
+    n_test: int = 500,
+    seed: int = 0,
+    n_valid: int = 200,
+    slip_rate: float = 0.0,
 ) -> Path:
-    """train/valid/test.jsonl in GSM8K's format; no test or valid question appears elsewhere."""
+    """train/valid/test.jsonl in GSM8K's format (correct references, for GRPO and evaluation);
+    no test or valid question appears elsewhere. Also sft.jsonl: {question, target}, the
+    demonstrations for the warm start, where a share ``slip_rate`` of the subtraction,
+    multiplication and two-step problems shows a misconception (adds instead of subtracting or
+    multiplying; stops after the first step): imperfect demonstrations that a verifier's
+    reward can correct."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
     held: dict[str, ArithProblem] = {}
@@ -109,6 +123,10 @@ def write_dataset(
         with (out_dir / f"{name}.jsonl").open("w") as f:
             for p in rows:
                 f.write(json.dumps(p.gsm8k_row()) + "\n")
+    with (out_dir / "sft.jsonl").open("w") as f:
+        for p in train:
+            slip = rng.random() < slip_rate
+            f.write(json.dumps({"question": p.question, "target": p.target(slip)}) + "\n")
     return out_dir
 
 
@@ -119,16 +137,12 @@ def _examples(data_dir: Path, tokenizer: Any, limit: int) -> list[tuple[list[int
     prompts, targets = [], []
     marker = "\x00QUESTION\x00"  # render the chat template once, then substitute
     template = render_prompt(tokenizer, chat_messages(marker))
-    with (data_dir / "train.jsonl").open() as f:
+    with (data_dir / "sft.jsonl").open() as f:
         for i, line in enumerate(f):
             if limit and i >= limit:
                 break
             row = json.loads(line)
-            steps = row["answer"].split("####")[0].strip().splitlines()
-            answer = row["answer"].split("####")[-1].strip()
-            targets.append(
-                f"<think>{' '.join(s + '.' for s in steps)}</think><answer>{answer}</answer>"
-            )
+            targets.append(row["target"])
             prompts.append(template.replace(marker, row["question"]))
     p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
     t_ids = tokenizer(targets, add_special_tokens=False)["input_ids"]
@@ -158,13 +172,13 @@ def train_sft(
     device: str = "auto",
     limit: int = 0,
     stop_at_accuracy: float | None = None,
-    check_every: int = 50,
+    check_every: int = 0,
 ) -> dict[str, Any]:
     """Teacher-forced cross-entropy on the target tokens only; saves model + tokenizer.
 
-    ``stop_at_accuracy``: every ``check_every`` steps measure greedy accuracy on
-    ``valid.jsonl`` and stop once it reaches this (the warm start should write the format
-    but leave accuracy for GRPO to win); the learning rate is then constant after warm-up.
+    ``check_every``: measure greedy accuracy on ``valid.jsonl`` every so many steps (0: never);
+    ``stop_at_accuracy``: stop once it reaches this (the learning rate is then constant after
+    warm-up instead of decaying linearly to 10 %).
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -210,13 +224,13 @@ def train_sft(
         if step % 25 == 0 or step == steps - 1:
             losses.append((step, round(float(loss.detach()), 4)))
             log.info("sft step %d loss %.4f", step, float(loss.detach()))
-        if stop_at_accuracy is not None and (step + 1) % check_every == 0:
+        if check_every and (step + 1) % check_every == 0:
             model.eval()
             acc = greedy_accuracy(model, tok, data_dir, 200, split="valid")
             model.train()
             checks.append((step + 1, acc))
             log.info("sft step %d valid greedy accuracy %.3f", step + 1, acc)
-            if acc >= stop_at_accuracy:
+            if stop_at_accuracy is not None and acc >= stop_at_accuracy:
                 break
     elapsed = time.perf_counter() - t0
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -273,6 +287,7 @@ def main(argv: list[str] | None = None) -> None:
     d.add_argument("--train", type=int, default=20000)
     d.add_argument("--test", type=int, default=500)
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--slip-rate", type=float, default=0.0, help="misconception share in sft.jsonl")
     t = sub.add_parser("train", help="build the small model and run the supervised pass")
     t.add_argument("out_dir", type=Path)
     t.add_argument("--data", type=Path, required=True)
@@ -286,7 +301,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     if a.cmd == "data":
-        print(write_dataset(a.out_dir, a.train, a.test, a.seed))
+        print(write_dataset(a.out_dir, a.train, a.test, a.seed, slip_rate=a.slip_rate))
         return
     base = build_base(a.out_dir.with_name(a.out_dir.name + "-base"), a.corpus,
                       hidden=a.hidden, layers=a.layers, heads=a.heads, seed=a.seed)  # fmt: skip
