@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> None:
         "gateway_url": gateway_url, "recipe": "gsm8k",
         "steps": a.steps, "rollouts_per_step": 256, "group_size": 8, "micro_batch_size": 256,
         "max_new_tokens": 48, "max_prompt_tokens": 256, "temperature": 1.0,
-        "lr": 2.0e-4, "warmup_steps": 5, "beta": 0.0, "mu": 1,
+        "lr": 3.0e-4, "warmup_steps": 5, "beta": 0.0, "mu": 1,
         "eval_every": 25, "eval_problems": 500, "save_every": 0, "progress": False,
         "reward_concurrency": 32, "pipeline": True,
     }  # fmt: skip
