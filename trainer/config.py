@@ -206,6 +206,15 @@ class TrainerConfig:
                     f"{name}={r!r}: give a recipe name (e.g. gsm8k) or an inline mapping "
                     '{"components": [{"name": "math_accuracy", "weight": 1.0}]}.'
                 )
+            if isinstance(r, dict):
+                from proto.gateway import Recipe
+
+                try:
+                    Recipe.model_validate(r)
+                except ValueError as e:
+                    first = e.errors()[0] if hasattr(e, "errors") else {"msg": str(e), "loc": ()}
+                    where = ".".join(str(x) for x in first["loc"])
+                    bad(f"{name}.{where}: {first['msg']} (see proto/gateway.py Recipe).")
 
     # --- loading
     @classmethod

@@ -95,10 +95,12 @@ def load_model(
     if trainable:
         model.train()
         if gradient_checkpointing:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
-            model.config.use_cache = False
+            kwargs = {"use_reentrant": False}
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+            # (the training forward passes use_cache=False; generation keeps its KV cache)
     else:
         model.eval()
         model.requires_grad_(False)

@@ -29,6 +29,11 @@ REPO = Path(__file__).resolve().parents[2]
         (["lr=fast"], "lr='fast': expected a float"),
         # an inline recipe needs components
         (["recipe={}"], "give a recipe name"),
+        # an inline recipe is checked against the wire model before any GPU time is spent
+        (
+            ['recipe={"components": [{"name": "format", "wieght": 1}]}'],
+            "recipe.components.0.wieght",
+        ),
         (["loss_agg=sum"], "use token_mean or seq_mean"),
         (["beta=-1"], "must be >= 0"),
         # override syntax

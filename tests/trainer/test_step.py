@@ -49,6 +49,8 @@ def _common(**kw: object) -> dict[str, object]:
         {},
         # KL to a reference, seq-mean, two inner passes with micro-batches
         {"beta": 0.1, "loss_agg": "seq_mean", "mu": 2, "micro_batch_size": 4},
+        # activations recomputed in backward
+        {"gradient_checkpointing": True, "micro_batch_size": 4},
     ],
 )
 def test_one_step_changes_every_parameter(tiny_model: Path, overrides: dict[str, object]) -> None:
@@ -60,7 +62,13 @@ def test_one_step_changes_every_parameter(tiny_model: Path, overrides: dict[str,
     }
     cfg = TrainerConfig(model=str(tiny_model), **{**settings, **overrides})  # type: ignore[arg-type]
     tok = load_tokenizer(tiny_model)
-    policy = load_model(tiny_model, torch.device("cpu"), "fp32", trainable=True)
+    policy = load_model(
+        tiny_model,
+        torch.device("cpu"),
+        "fp32",
+        trainable=True,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+    )
     roll = single_turn(policy, tok, PROBLEMS, **_common())  # type: ignore[arg-type]
     if cfg.beta > 0:
         ref = load_model(tiny_model, torch.device("cpu"), "fp32", trainable=False)
