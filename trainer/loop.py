@@ -75,6 +75,8 @@ def train(cfg: TrainerConfig) -> dict[str, Any]:
 
     # --- models: the policy (from the latest checkpoint when resuming), the frozen reference
     resume_from = checkpoint.latest(run_dir) if cfg.resume else None
+    if cfg.resume and resume_from is None:
+        log.warning("resume=true but %s holds no complete checkpoint: starting at step 0", run_dir)
     tokenizer = load_tokenizer(cfg.model)
     policy = load_model(
         resume_from or cfg.model,
