@@ -228,7 +228,7 @@ def train(cfg: TrainerConfig) -> dict[str, Any]:
             wait_s = time.perf_counter() - t_wait
             if dist.any(result is None, device):
                 skipped_in_row += 1
-                logger.write({"kind": "skip", "step": step, "reason": "rewards unavailable"})
+                logger.write({"kind": "skip", "step": step + 1, "reason": "rewards unavailable"})
                 if skipped_in_row > cfg.max_skipped_batches:
                     raise RuntimeError(
                         f"{skipped_in_row} batches in a row without rewards: "
@@ -252,7 +252,7 @@ def train(cfg: TrainerConfig) -> dict[str, Any]:
                 logger.write(
                     {
                         "kind": "recipe",
-                        "step": step,
+                        "step": step + 1,
                         "recipe": result.recipe_name,
                         "fingerprint": fingerprint,
                     }
