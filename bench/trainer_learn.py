@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--sft-steps", type=int, default=1500)
+    p.add_argument("--sft-steps", type=int, default=2500)
     p.add_argument(
         "--slip-rate",
         type=float,

@@ -5,8 +5,12 @@ a small Qwen2-shaped model (a few million parameters, the tokenizer of
 ``arbiter.tiny_model``) the answer format on problems this module generates, in GSM8K's
 shape (``{"question", "answer": "...#### N"}``), e.g.
 
-    Q: Tom has 12 apples and buys 7 more. Then he gives away 5. How many apples does he have?
+    Q: Tom has 12 apples and buys 7 more. Then Tom gives away 5. How many apples does Tom have?
     A: <think>12 + 7 = 19. 19 - 5 = 14.</think><answer>14</answer>
+
+Numbers are small (sums of two numbers up to 20, products of digits) so that a few-million
+parameter model gets the arithmetic right after a minute of SFT; what GRPO then has to fix is
+the misconception share of the demonstrations (``slip_rate``, see ``write_dataset``).
 
 The supervised pass is deliberately short, so the model writes the format but gets many
 sums wrong; GRPO through the gateway then has accuracy to win. Prompts are rendered exactly
@@ -57,27 +61,27 @@ class ArithProblem:
 
 
 def _add(rng: random.Random, name: str, item: str) -> ArithProblem:
-    a, b = rng.randint(10, 99), rng.randint(10, 99)
+    a, b = rng.randint(2, 20), rng.randint(2, 20)
     q = f"{name} has {a} {item} and buys {b} more. How many {item} does {name} have now?"
     return ArithProblem(q, [f"{a} + {b} = {a + b}"], a + b)
 
 
 def _sub(rng: random.Random, name: str, item: str) -> ArithProblem:
-    a = rng.randint(30, 99)
-    b = rng.randint(10, a - 5)
+    a = rng.randint(10, 30)
+    b = rng.randint(2, a - 2)
     q = f"{name} had {a} {item} and gave {b} of them to a friend. How many {item} are left?"
     return ArithProblem(q, [f"{a} - {b} = {a - b}"], a - b, [f"{a} + {b} = {a + b}"], a + b)
 
 
 def _mul(rng: random.Random, name: str, item: str) -> ArithProblem:
-    a, b = rng.randint(3, 19), rng.randint(2, 9)
+    a, b = rng.randint(2, 9), rng.randint(2, 9)
     q = f"{name} buys {b} boxes with {a} {item} in each box. How many {item} does {name} buy?"
     return ArithProblem(q, [f"{b} * {a} = {a * b}"], a * b, [f"{b} + {a} = {a + b}"], a + b)
 
 
 def _two_step(rng: random.Random, name: str, item: str) -> ArithProblem:
-    a, b = rng.randint(10, 60), rng.randint(10, 60)
-    c = rng.randint(5, a + b - 5)
+    a, b = rng.randint(2, 20), rng.randint(2, 20)
+    c = rng.randint(2, a + b - 2)
     q = (
         f"{name} has {a} {item} and buys {b} more. Then {name} gives away {c}. "
         f"How many {item} does {name} have?"
