@@ -3,7 +3,7 @@
 A random-init model cannot earn a single GRPO reward, so the GPU demonstration first teaches
 a small Qwen2-shaped model (a few million parameters, the tokenizer of
 ``arbiter.tiny_model``) the answer format on problems this module generates, in GSM8K's
-shape (``{"question", "answer": "...#### N"}``), e.g.
+shape (``{"question", "answer": "...#### N"}``; the references are always correct), e.g.
 
     Q: Tom has 12 apples and buys 7 more. Then Tom gives away 5. How many apples does Tom have?
     A: <think>12 + 7 = 19. 19 - 5 = 14.</think><answer>14</answer>
@@ -12,12 +12,13 @@ Numbers are small (sums of two numbers up to 20, products of digits) so that a f
 parameter model gets the arithmetic right after a minute of SFT; what GRPO then has to fix is
 the misconception share of the demonstrations (``slip_rate``, see ``write_dataset``).
 
-The supervised pass is deliberately short, so the model writes the format but gets many
-sums wrong; GRPO through the gateway then has accuracy to win. Prompts are rendered exactly
+So the warm-start model writes the format and does the sums, but follows the misconception
+on most problems it applies to (greedy accuracy ~27 %, sampled ~60 %); GRPO through the
+gateway, rewarded by the verify service, has accuracy to win. Prompts are rendered exactly
 as the trainer renders them (``trainer.data.chat_messages`` + the chat template).
 
     python -m trainer.sft data OUT_DIR [--train 20000 --test 500 --slip-rate 0.6]
-    python -m trainer.sft train OUT_MODEL_DIR --data DATA_DIR [--steps 300 --hidden 256 ...]
+    python -m trainer.sft train OUT_MODEL_DIR --data DATA_DIR [--steps 2500 --hidden 256 ...]
 """
 
 from __future__ import annotations
@@ -299,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--hidden", type=int, default=256)
     t.add_argument("--layers", type=int, default=4)
     t.add_argument("--heads", type=int, default=4)
-    t.add_argument("--steps", type=int, default=300)
+    t.add_argument("--steps", type=int, default=2500)
     t.add_argument("--batch-size", type=int, default=64)
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--seed", type=int, default=0)
