@@ -10,7 +10,7 @@ Phases (``--phases``, default all): ``check`` (CUDA graph vs eager greedy ids id
 NLL of our samples vs HF generate's under the training forward), ``hf`` (plain
 ``model.generate``), ``ours`` (sampler alone, eager and graphed, then full steps), ``trl``.
 
-    python -m bench.trainer_speed [--anchor PATH] [--steps 8] [--phases check,hf,ours,trl]
+    python -m bench.trainer_speed [--anchor PATH] [--steps 16] [--phases check,hf,ours,trl]
 
 Writes ``$OUT/trainer_speed.json`` (rewritten after each phase) and prints a table last.
 ``ANCHOR_SMALL=1`` shrinks everything for a CPU smoke test (as in the anchor).
@@ -188,6 +188,18 @@ def phase_ours(a: ModuleType, tok: Any, dev: str, steps: int) -> dict[str, Any]:
     sampler = Sampler(model)
     res["sampler_graphs"] = _time_sampler(sampler, p_ids, p_mask, n, tok, 4, dev)
     print("sampler", res, flush=True)
+    if dev == "cuda":  # option: torch.compile the decode step before capture
+        try:
+            t = time.perf_counter()
+            res["sampler_graphs_compiled"] = _time_sampler(
+                Sampler(model, compile=True), p_ids, p_mask, n, tok, 4, dev
+            )
+            res["sampler_graphs_compiled"]["first_call_with_compile_s"] = round(
+                time.perf_counter() - t - 3 * res["sampler_graphs_compiled"]["s"], 1
+            )
+        except Exception as e:  # keep the rest of the phase
+            res["sampler_graphs_compiled"] = {"error": repr(e)[:1000]}
+        print("compiled", res["sampler_graphs_compiled"], flush=True)
 
     # full GRPO steps with the trainer's loss code (falls back to an equivalent local copy)
     try:
@@ -232,6 +244,7 @@ def phase_ours(a: ModuleType, tok: Any, dev: str, steps: int) -> dict[str, Any]:
     res["steps"] = [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
                     for r in rows]  # fmt: skip
     res["s_per_step"] = round(tot / len(steady), 4)
+    res["s_per_step_median"] = round(sorted(r["s"] for r in steady)[len(steady) // 2], 4)
     for k in ("generate_s", "reward_s", "train_s"):
         res[k + "_per_step"] = round(sum(r[k] for r in steady) / len(steady), 4)
     res["completion_tokens_per_s"] = round(sum(r["tokens"] for r in steady) / tot, 1)
@@ -244,6 +257,9 @@ def phase_ours(a: ModuleType, tok: Any, dev: str, steps: int) -> dict[str, Any]:
 def phase_trl(a: ModuleType, tok: Any) -> dict[str, Any]:
     res: dict[str, Any] = a.phase_trl(tok, a.NSEQ, 1, "A")
     res.pop("logs", None)
+    steady = sorted(res.get("step_times_s", [])[WARMUP:])
+    if steady:
+        res["s_per_step_median"] = steady[len(steady) // 2]
     return res
 
 
@@ -251,7 +267,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--anchor", type=Path,
                    default=REPO / ".carry" / "trainer" / "trl_grpo_anchor.py")  # fmt: skip
-    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--steps", type=int, default=16)
     p.add_argument("--phases", default="check,hf,ours,trl")
     args = p.parse_args(argv)
     if not args.anchor.exists():
@@ -317,9 +333,14 @@ def _table(res: dict[str, Any]) -> None:
     for k in ("generate_s", "reward_s", "train_s"):
         row(f"ours: {k} share", ours.get(k + "_per_step"), None)
     row("plain HF generate (64 x 128)", hf.get("s"), hf.get("tokens_per_s"))
-    for k in ("sampler_eager", "sampler_graphs"):
+    lines.append(
+        f"| medians: TRL {trl.get('s_per_step_median')} s/step, "
+        f"ours {ours.get('s_per_step_median')} s/step | | | |"
+    )
+    for k in ("sampler_eager", "sampler_graphs", "sampler_graphs_compiled"):
         r = ours.get(k, {})
-        row(f"our sampler, {k.split('_')[1]} (64 x 128)", r.get("s"), r.get("tokens_per_s"))
+        name = k.removeprefix("sampler_").replace("_", " + ")
+        row(f"our sampler, {name} (64 x 128)", r.get("s"), r.get("tokens_per_s"))
     print("\n".join(lines))
     if "check" in res:
         print("check:", json.dumps(res["check"]))
