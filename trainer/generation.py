@@ -149,10 +149,11 @@ class Sampler:
         self._buckets: OrderedDict[tuple[Any, ...], _Bucket] = OrderedDict()
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._pool: Any = None
-        # compile=True: inductor fuses the decode step's small kernels (norms, rotary, softmax,
-        # sampling) before the graph is captured; one compilation per bucket shape.
-        self._step: Any = (
-            torch.compile(self._decode_step, dynamic=False) if compile else self._decode_step
+        # compile=True: inductor fuses the decode forward's small kernels (norms, rotary,
+        # softmax) before the graph is captured; one compilation per bucket shape. Sampling
+        # stays eager (inductor 2.11 fails to generate code for the 32k-wide cumsum).
+        self._decode_forward: Any = (
+            torch.compile(self._forward, dynamic=False) if compile else self._forward
         )
 
     # ------------------------------------------------------------------ model introspection
@@ -291,7 +292,7 @@ class Sampler:
         def write(cache: torch.Tensor, new: torch.Tensor) -> None:
             cache.index_copy_(2, bk.slot, new.to(cache.dtype))
 
-        logits = self._forward(
+        logits = self._decode_forward(
             bk.tokens[:, None], bk.pos[:, None], bk, bk.valid[:, None, :], write, last_only=False
         )
         u = bk.noise.index_select(0, bk.step).squeeze(0)
@@ -310,13 +311,13 @@ class Sampler:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: allocator, cuBLAS handles, lazy init
-                self._step(bk)
+                self._decode_step(bk)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._step(bk)
+            self._decode_step(bk)
         state = (bk.valid, bk.tokens, bk.pos, bk.slot, bk.step, bk.done)
         for dst, src in zip(state, saved, strict=True):
             dst.copy_(src)
@@ -411,7 +412,7 @@ class Sampler:
             if bk.graph is not None:
                 bk.graph.replay()
             else:
-                self._step(bk)
+                self._decode_step(bk)
         ids = bk.out.clone()
         cmask = completion_mask_from_ids(ids, eos_token_id)
         ids = ids.masked_fill(~cmask, pad_token_id)
