@@ -176,7 +176,9 @@ def _time_sampler(sampler: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, n: in
             "ms_per_decode_step": round(1000 * best / n, 3)}  # fmt: skip
 
 
-def phase_ours(a: ModuleType, tok: Any, dev: str, steps: int) -> dict[str, Any]:
+def phase_ours(
+    a: ModuleType, tok: Any, dev: str, steps: int, compile_steps: bool = False
+) -> dict[str, Any]:
     from trainer.generation import Sampler
 
     res: dict[str, Any] = {}
@@ -188,12 +190,14 @@ def phase_ours(a: ModuleType, tok: Any, dev: str, steps: int) -> dict[str, Any]:
     sampler = Sampler(model)
     res["sampler_graphs"] = _time_sampler(sampler, p_ids, p_mask, n, tok, 4, dev)
     print("sampler", res, flush=True)
-    if dev == "cuda":  # option: torch.compile the decode step before capture
+    res["steps_sampler"] = "graphs"
+    if dev == "cuda":  # option: torch.compile the decode forward before capture
         try:
             t = time.perf_counter()
-            res["sampler_graphs_compiled"] = _time_sampler(
-                Sampler(model, compile=True), p_ids, p_mask, n, tok, 4, dev
-            )
+            compiled = Sampler(model, compile=True)
+            res["sampler_graphs_compiled"] = _time_sampler(compiled, p_ids, p_mask, n, tok, 4, dev)
+            if compile_steps:
+                sampler, res["steps_sampler"] = compiled, "graphs + compiled"
             res["sampler_graphs_compiled"]["first_call_with_compile_s"] = round(
                 time.perf_counter() - t - 3 * res["sampler_graphs_compiled"]["s"], 1
             )
@@ -269,6 +273,11 @@ def main(argv: list[str] | None = None) -> None:
                    default=REPO / ".carry" / "trainer" / "trl_grpo_anchor.py")  # fmt: skip
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--phases", default="check,hf,ours,trl")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="time the GRPO steps with the compiled sampler (Sampler(compile=True))",
+    )
     args = p.parse_args(argv)
     if not args.anchor.exists():
         args.anchor = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
@@ -298,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
             elif ph == "hf":
                 res["hf_generate"] = phase_hf(a, tok, dev)
             elif ph == "ours":
-                res["ours"] = phase_ours(a, tok, dev, args.steps)
+                res["ours"] = phase_ours(a, tok, dev, args.steps, args.compile)
             elif ph == "trl":
                 res["trl"] = phase_trl(a, tok)
         except Exception as e:
@@ -328,7 +337,8 @@ def _table(res: dict[str, Any]) -> None:
 
     row("TRL 1.16 GRPOTrainer step", trl.get("s_per_step_steady"), base)
     row("TRL: its generate share", trl.get("generate_s_per_step_steady"), None)
-    row("ours: GRPO step (sampler + loss + AdamW)", ours.get("s_per_step"),
+    row(f"ours: GRPO step ({ours.get('steps_sampler')} sampler + loss + AdamW)",
+        ours.get("s_per_step"),
         ours.get("completion_tokens_per_s"))  # fmt: skip
     for k in ("generate_s", "reward_s", "train_s"):
         row(f"ours: {k} share", ours.get(k + "_per_step"), None)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -489,10 +490,16 @@ def sample(
     pad_token_id: int,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample completions; see the module docstring for shapes and semantics."""
+    """Sample completions; see the module docstring for shapes and semantics.
+
+    ``ARBITER_SAMPLER_COMPILE=1`` in the environment builds the per-model sampler with
+    ``compile=True`` (about 2x faster decode on the GPU; ~25 s of compilation per shape bucket
+    for a 0.5 B model).
+    """
     sampler = _SAMPLERS.get(id(model))
     if sampler is None or sampler.model is not model:
-        sampler = _SAMPLERS[id(model)] = Sampler(model)
+        compile_ = os.environ.get("ARBITER_SAMPLER_COMPILE", "") == "1"
+        sampler = _SAMPLERS[id(model)] = Sampler(model, compile=compile_)
     return sampler(
         prompt_ids,
         prompt_mask,
