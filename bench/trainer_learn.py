@@ -1,8 +1,9 @@
 """Learning demonstration on one GPU: SFT warm start, then GRPO through the real services.
 
-1. ``trainer.sft``: generated GSM8K-format arithmetic problems (train/test jsonl), a small
-   Qwen2 (a few million parameters, arbiter.tiny_model's tokenizer) and a short supervised
-   pass that teaches the answer format but leaves many sums wrong.
+1. ``trainer.sft``: generated GSM8K-format arithmetic problems (train/valid/test jsonl with
+   correct references; sft.jsonl demonstrations in which ``--slip-rate`` of the non-addition
+   problems show a misconception), a small Qwen2 (4.7 M parameters, arbiter.tiny_model's
+   tokenizer) and a fixed-length supervised pass.
 2. The verify service and the gateway (in-process LRU cache; no Redis on the device) are
    started with uvicorn exactly as in production, on free loopback ports.
 3. ``python -m trainer`` (the real CLI) runs GRPO on the generated problems with the gateway's
