@@ -56,7 +56,7 @@ openapi: setup
 	$(VENV)/bin/arbiter openapi
 
 bench: setup
-	$(VENV)/bin/python -m bench.run_all
+	$(VENV)/bin/python -m bench.foundation
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache
