@@ -1,19 +1,21 @@
 """Learning demonstration on one GPU: SFT warm start, then GRPO through the real services.
 
 1. ``trainer.sft``: generated GSM8K-format arithmetic problems (train/valid/test jsonl with
-   correct references; sft.jsonl demonstrations in which ``--slip-rate`` of the non-addition
-   problems show a misconception), a small Qwen2 (4.7 M parameters, arbiter.tiny_model's
-   tokenizer) and a fixed-length supervised pass.
+   correct references; sft.jsonl demonstrations, all correct by default; ``--slip-rate`` makes
+   that share of the non-addition ones show a misconception), a small Qwen2 (4.7 M parameters,
+   arbiter.tiny_model's tokenizer) and a fixed-length supervised pass (``--sft-steps``: a short
+   one leaves a model that writes the format but is not yet sure of its sums).
 2. The verify service and the gateway (in-process LRU cache; no Redis on the device) are
    started with uvicorn exactly as in production, on free loopback ports.
 3. ``python -m trainer`` (the real CLI) runs GRPO on the generated problems with the gateway's
    ``gsm8k`` recipe (math_accuracy 1.0 + format 0.5), evaluating greedy held-out accuracy
    through the verify service before, during and after.
 4. The summary (accuracy before/after, GRPO wall time, time split, tokens/s, reward wait as a
-   share of step time) goes to ``$OUT/trainer_learn.json``; curves.png, metrics.jsonl and the
-   trainer log are copied to ``$OUT``.
+   share of step time) goes to ``$OUT/trainer_learn[_TAG].json``; curves, metrics.jsonl and the
+   trainer log are copied to ``$OUT`` (``--tag`` suffixes every name).
 
     python -m bench.trainer_learn [--steps 400 --timeout 360 --compare-steps 40]
+    python -m bench.trainer_learn --sft-steps 300 --steps 300 --compare-steps 0 --tag sft300
 """
 
 from __future__ import annotations
@@ -140,8 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--slip-rate",
         type=float,
-        default=0.6,
-        help="share of warm-start demonstrations showing the misconception (see trainer.sft)",
+        default=0.0,
+        help="share of warm-start demonstrations showing the misconception (see trainer.sft; "
+        "0: all correct; the first published run used 0.6)",
     )
     p.add_argument("--sft-check-every", type=int, default=500)
     p.add_argument("--sft-lr", type=float, default=1e-3)
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--verify-workers", type=int, default=8)
     p.add_argument("--timeout", type=int, default=480, help="kill the GRPO run after this")
+    p.add_argument("--tag", default="", help="suffix for the files written to --out")
     p.add_argument("overrides", nargs="*", help="extra trainer settings, key=value")
     a = p.parse_args(argv)
     import services.gateway.app
@@ -165,9 +169,11 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(a.work)
     a.work.mkdir(parents=True)
     res: dict[str, Any] = {"argv": sys.argv[1:]}
+    sfx = f"_{a.tag}" if a.tag else ""
+    res["slip_rate"] = a.slip_rate  # share of misconception demonstrations in the warm start
 
     def dump() -> None:
-        (a.out / "trainer_learn.json").write_text(json.dumps(res, indent=1, default=str))
+        (a.out / f"trainer_learn{sfx}.json").write_text(json.dumps(res, indent=1, default=str))
 
     import torch
 
@@ -206,12 +212,12 @@ def main(argv: list[str] | None = None) -> None:
     }  # fmt: skip
     res["trainer_settings"] = settings | {"overrides": a.overrides}
     try:
-        res["grpo"] = _run_trainer(a, settings, a.overrides, "learn", a.timeout)
+        res["grpo"] = _run_trainer(a, settings, a.overrides, "learn" + sfx, a.timeout)
         dump()
         if a.compare_steps:
             plain = settings | {"steps": a.compare_steps, "eval_every": 0, "pipeline": False,
                                 "run_dir": str(a.work / "run-plain"), "plot": False}  # fmt: skip
-            res["grpo_not_pipelined"] = _run_trainer(a, plain, a.overrides, "plain", 240)
+            res["grpo_not_pipelined"] = _run_trainer(a, plain, a.overrides, "plain" + sfx, 240)
     finally:
         for proc in procs:
             proc.stop()

@@ -17,6 +17,9 @@ on most problems it applies to (greedy accuracy ~27 %, sampled ~60 %); GRPO thro
 gateway, rewarded by the verify service, has accuracy to win. Prompts are rendered exactly
 as the trainer renders them (``trainer.data.chat_messages`` + the chat template).
 
+With ``slip_rate=0`` (only correct demonstrations) and a short SFT pass, GRPO at lr 3e-4 made
+the held-out accuracy worse on the GPU, not better; see the README's "Trainer on the GPU".
+
     python -m trainer.sft data OUT_DIR [--train 20000 --test 500 --slip-rate 0.6]
     python -m trainer.sft train OUT_MODEL_DIR --data DATA_DIR [--steps 2500 --hidden 256 ...]
 """
