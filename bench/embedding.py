@@ -1,23 +1,25 @@
 """Embedding throughput: the HTTP service with dynamic batching against raw ``model.encode``.
 
-Workload: ``--clients`` concurrent clients (default 32); in each of ``--rounds`` rounds
-every client sends one request to ``POST /v1/diversity`` holding one group of 8
-GSM8K-length responses (GSM8K reference solutions, distinct inside a request). Baseline:
-the same texts through ``SentenceTransformer.encode`` in this process. A sweep over
-``--batch-sizes`` picks the baseline's best batch size; the service (its own uvicorn
+Workload: ``--clients`` concurrent closed-loop clients (default 32); in each of
+``--rounds`` rounds every client sends ``--per-client`` requests back to back to
+``POST /v1/diversity``, each one group of 8 GSM8K-length responses (GSM8K reference
+solutions, distinct inside a request). The clients run in ``--client-procs`` load-generator
+processes (``bench/embedding_load.py``), each with its own event loop and keep-alive
+connections, so that the load generator is not the bottleneck; its CPU is reported.
+Baseline: the same texts through ``SentenceTransformer.encode`` in this process. A sweep
+over ``--batch-sizes`` picks the baseline's best batch size; the service (its own uvicorn
 process, same machine, same model/device/dtype) runs with it. Then service and baseline
 alternate round by round (A B B A …) over the same texts, so that drifting machine load
 hits both alike; the ratio is total raw time / total service time.
 
-    .venv/bin/python -m bench.embedding [--rounds 6] [--batch-sizes 16,32,64,128]
-        [--device auto] [--dtype float32] [--model PATH] [--workers 1,4]
-        [--encode-worker thread,process] [--json OUT.json]
+    .venv/bin/python -m bench.embedding [--rounds 4] [--per-client 2] [--client-procs N]
+        [--batch-sizes 16,32,64,128] [--device auto] [--dtype float32] [--model PATH]
+        [--workers 1,4] [--encode-worker thread,process] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import logging
 import os
@@ -31,6 +33,7 @@ from pathlib import Path
 import httpx
 
 from arbiter.procs import free_port, uvicorn_process
+from bench.embedding_load import LoadGenerator
 
 log = logging.getLogger("bench.embedding")
 
@@ -80,6 +83,14 @@ class Raw:
         ids = self.model.tokenizer(texts, truncation=True)["input_ids"]
         return sum(len(x) for x in ids) / len(ids)
 
+    def preprocess_seconds(self, texts: list[str], batch_size: int) -> float:
+        """Time of the tokenizing part of ``encode`` alone (``model.preprocess``)."""
+        start = time.perf_counter()
+        preprocess = getattr(self.model, "preprocess", None) or self.model.tokenize
+        for i in range(0, len(texts), batch_size):
+            preprocess(texts[i : i + batch_size])
+        return time.perf_counter() - start
+
     def seconds(self, texts: list[str], batch_size: int) -> float:
         cuda = self.device.startswith("cuda")
         if cuda:
@@ -91,30 +102,12 @@ class Raw:
         return time.perf_counter() - start
 
 
-async def drive(url: str, groups: list[list[str]], clients: int) -> float:
-    """Each client sends its share of groups one request at a time; returns texts/s."""
-    per_client = [groups[c::clients] for c in range(clients)]
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=600.0, limits=limits) as http:
-
-        async def client(mine: list[list[str]]) -> None:
-            for responses in mine:
-                body = {"groups": [{"id": "g", "responses": responses}], "params": {}}
-                r = await http.post("/v1/diversity", json=body)
-                r.raise_for_status()
-                scores = r.json()["groups"][0]["scores"]
-                assert len(scores) == GROUP and None not in scores, r.text
-
-        start = time.perf_counter()
-        await asyncio.gather(*(client(m) for m in per_client))
-        elapsed = time.perf_counter() - start
-    return sum(len(g) for g in groups) / elapsed
-
-
 def metric_sums(url: str) -> dict[str, float]:
     text = httpx.get(f"{url}/metrics", timeout=10.0).text
     out = {}
-    for name in ("batch_texts", "batch_requests", "queue_wait_seconds", "encode_seconds"):
+    names = ("batch_texts", "batch_requests", "queue_wait_seconds", "encode_seconds",
+             "prepare_seconds")  # fmt: skip
+    for name in names:
         for kind in ("sum", "count"):
             m = re.search(rf"^arbiter_embedding_{name}_{kind} (\S+)$", text, re.MULTILINE)
             out[f"{name}_{kind}"] = float(m.group(1)) if m else 0.0
@@ -124,7 +117,8 @@ def metric_sums(url: str) -> dict[str, float]:
 def bench_service(
     raw: Raw, model_path: str, device: str, dtype: str, batch_size: int,
     rounds: list[list[list[str]]], warmup: list[list[str]], clients: int, log_dir: Path,
-    workers: int = 1, encode_worker: str = "thread",
+    workers: int = 1, encode_worker: str = "thread", client_procs: int = 1,
+    max_batch_texts: int = 512,
 ) -> dict[str, float]:  # fmt: skip
     """Service and raw encode over the same texts, alternating per round (ABBA) so that
     drifting machine load hits both alike."""
@@ -135,6 +129,7 @@ def bench_service(
         # the forward-pass token budget must not bind tighter than raw encode's batch size
         "EMBEDDING_MAX_BATCH_TOKENS": str(batch_size * 1024),
         "EMBEDDING_ENCODE_WORKER": encode_worker,
+        "EMBEDDING_MAX_BATCH_TEXTS": str(max_batch_texts),
     }  # fmt: skip
     proc = uvicorn_process(
         "embedding", "services.embedding.app:create_app", port, env=env,
@@ -143,25 +138,36 @@ def bench_service(
     if workers > 1:  # several event loops (and model copies) behind one port
         proc.argv += ["--workers", str(workers)]
     proc.start()
-    raw_s = svc_s = 0.0
+    raw_s = svc_s = cpu_s = 0.0
     ratios = []
+    load: LoadGenerator | None = None
     try:
         proc.wait_ready(300.0)
         url = f"http://127.0.0.1:{port}"
-        asyncio.run(drive(url, warmup, clients))
+        load = LoadGenerator("127.0.0.1", port, clients, client_procs)
+
+        def serve(groups: list[list[str]]) -> float:
+            nonlocal cpu_s
+            r = load.run([groups[c::clients] for c in range(clients)])
+            cpu_s += r.client_cpu_s
+            return r.wall_s
+
+        serve(warmup)
         before = metric_sums(url)
         for i, groups in enumerate(rounds):
             texts = [t for g in groups for t in g]
             if i % 4 in (0, 3):  # A B B A
                 r = raw.seconds(texts, batch_size)
-                v = len(texts) / asyncio.run(drive(url, groups, clients))
+                v = serve(groups)
             else:
-                v = len(texts) / asyncio.run(drive(url, groups, clients))
+                v = serve(groups)
                 r = raw.seconds(texts, batch_size)
             raw_s, svc_s = raw_s + r, svc_s + v
             ratios.append(r / v)
         after = metric_sums(url)
     finally:
+        if load is not None:
+            load.close()
         proc.stop()
     n = sum(len(g) for groups in rounds for g in groups)
     out = {
@@ -169,6 +175,10 @@ def bench_service(
         "raw_texts_per_s": n / raw_s,
         "ratio": raw_s / svc_s,
         "median_round_ratio": statistics.median(ratios),
+        "requests_per_s": len([g for groups in rounds for g in groups]) / svc_s,
+        "client_procs": float(min(client_procs, clients)),
+        # CPU of the load generator: all its processes together, in cores
+        "client_cpu_cores": cpu_s / svc_s,
     }
     if workers > 1:  # /metrics answers from one worker of several: no batching figures
         return out
@@ -181,6 +191,8 @@ def bench_service(
         * d["queue_wait_seconds_sum"]
         / max(d["queue_wait_seconds_count"], 1),
         "encode_busy_fraction": d["encode_seconds_sum"] / svc_s,
+        "mean_encode_ms": 1000 * d["encode_seconds_sum"] / calls,
+        "mean_prepare_ms": 1000 * d["prepare_seconds_sum"] / calls,
     }
     return out
 
@@ -190,13 +202,26 @@ def main() -> None:
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--clients", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=6, help="measured rounds: 1 request per client")
+    p.add_argument("--rounds", type=int, default=4, help="measured rounds (A B B A …)")
+    p.add_argument("--per-client", type=int, default=2, help="requests per client per round")
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=max(1, min(4, (os.cpu_count() or 1) // 4)),
+        help="load-generator processes the clients are spread over",
+    )
     p.add_argument("--batch-sizes", default="16,32,64,128")
     p.add_argument("--workers", default="1", help="uvicorn worker counts to run, e.g. 1,4")
     p.add_argument(
         "--encode-worker",
         default="thread",
         help="EMBEDDING_ENCODE_WORKER values, e.g. thread,process",
+    )
+    p.add_argument(
+        "--max-batch-texts",
+        default="512",
+        help="EMBEDDING_MAX_BATCH_TEXTS values for the service, e.g. 128,256 (smaller batches "
+        "let tokenizing one overlap the forward passes of another)",
     )
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
@@ -206,10 +231,11 @@ def main() -> None:
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
-    all_groups = load_groups(args.gsm8k, args.clients * (args.rounds + 1))
-    warmup = all_groups[: args.clients]
-    rounds = [  # one request per client per round
-        all_groups[args.clients * (i + 1) : args.clients * (i + 2)] for i in range(args.rounds)
+    per_round = args.clients * args.per_client
+    all_groups = load_groups(args.gsm8k, per_round * (args.rounds + 1))
+    warmup = all_groups[:per_round]
+    rounds = [  # per_client requests per client per round
+        all_groups[per_round * (i + 1) : per_round * (i + 2)] for i in range(args.rounds)
     ]
     texts = [t for groups in rounds for g in groups for t in g]
     sizes = [int(s) for s in args.batch_sizes.split(",")]
@@ -221,16 +247,19 @@ def main() -> None:
     for bs, rate in sweep_rates.items():
         log.info("raw encode batch_size=%d: %.1f texts/s", bs, rate)
     best_bs = max(sweep_rates, key=lambda bs: sweep_rates[bs])
+    tokenize_share = raw.preprocess_seconds(sweep, best_bs) * sweep_rates[best_bs] / len(sweep)
     mean_tokens = raw.mean_tokens(texts)
-    runs: dict[tuple[str, int], dict[str, float]] = {}
+    runs: dict[tuple[str, int, int], dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for mode in args.encode_worker.split(","):
             for w in [int(x) for x in args.workers.split(",")]:
-                runs[(mode, w)] = bench_service(
-                    raw, args.model, args.device, args.dtype, best_bs, rounds, warmup,
-                    args.clients, Path(tmp), workers=w, encode_worker=mode,
-                )  # fmt: skip
-                log.info("service %s x%d: %s", mode, w, runs[(mode, w)])
+                for mbt in [int(x) for x in args.max_batch_texts.split(",")]:
+                    runs[(mode, w, mbt)] = run = bench_service(
+                        raw, args.model, args.device, args.dtype, best_bs, rounds, warmup,
+                        args.clients, Path(tmp), workers=w, encode_worker=mode,
+                        client_procs=args.client_procs, max_batch_texts=mbt,
+                    )  # fmt: skip
+                    log.info("service %s x%d max_batch_texts=%d: %s", mode, w, mbt, run)
 
     machine = device_name(args.device)
     name = Path(args.model).name if Path(args.model).is_dir() else args.model
@@ -238,7 +267,8 @@ def main() -> None:
         name = "all-MiniLM-L6-v2"
     lines = [
         f"embedding bench — {machine}; {name} ({args.dtype}); {len(texts)} GSM8K answers "
-        f"in {args.rounds} rounds, mean {mean_tokens:.0f} tokens",
+        f"in {args.rounds} rounds, mean {mean_tokens:.0f} tokens; tokenizing is "
+        f"{100 * tokenize_share:.0f}% of raw encode's time at its best batch size",
         "",
         "| what | texts/s |",
         "| --- | ---: |",
@@ -246,23 +276,32 @@ def main() -> None:
     for bs, rate in sweep_rates.items():
         best = " (best)" if bs == best_bs else ""
         lines.append(f"| raw `model.encode` sweep, batch_size={bs}{best} | {rate:,.1f} |")
-    label = f"{args.clients} clients × groups of {GROUP}, batch_size={best_bs}"
-    for (mode, w), run in runs.items():
-        how = f"encode in a {mode}" + (f", {w} uvicorn workers" if w > 1 else "")
+    label = (
+        f"{args.clients} clients × groups of {GROUP} in {args.client_procs} load processes, "
+        f"batch_size={best_bs}"
+    )
+    for (mode, w, mbt), run in runs.items():
+        how = f"encode in a {mode}, max_batch_texts={mbt}" + (
+            f", {w} uvicorn workers" if w > 1 else ""
+        )
         lines += [
             f"| raw `model.encode`, batch_size={best_bs}, interleaved with the next row "
             f"| {run['raw_texts_per_s']:,.1f} |",
-            f"| service `/v1/diversity`, {label}, {how} | {run['texts_per_s']:,.1f} |",
+            f"| service `/v1/diversity`, {label}, {how} ({run['requests_per_s']:,.0f} req/s; "
+            f"load generator CPU {run['client_cpu_cores']:.2f} cores) "
+            f"| {run['texts_per_s']:,.1f} |",
             f"| **ratio service / raw** (target ≥ 0.9; median of rounds "
             f"{run['median_round_ratio']:.2f}) | **{run['ratio']:.2f}** |",
         ]
     lines.append("")
-    for (mode, w), run in runs.items():
+    for (mode, w, mbt), run in runs.items():
         if w == 1:
             lines.append(
-                f"service batching (encode in a {mode}): {run['mean_batch_texts']:.0f} texts "
+                f"service batching (encode in a {mode}, max_batch_texts={mbt}): "
+                f"{run['mean_batch_texts']:.0f} texts "
                 f"from {run['mean_batch_requests']:.1f} requests per encode call, mean queue "
-                f"wait {run['mean_queue_wait_ms']:.0f} ms, encoder busy "
+                f"wait {run['mean_queue_wait_ms']:.0f} ms, forward {run['mean_encode_ms']:.1f} ms "
+                f"and tokenizing {run['mean_prepare_ms']:.1f} ms per call, encoder busy "
                 f"{100 * run['encode_busy_fraction']:.0f}% of the service's time"
             )
     print("\n".join(lines))
@@ -270,7 +309,10 @@ def main() -> None:
         record = {
             "machine": machine, "model": args.model, "dtype": args.dtype, "texts": len(texts),
             "mean_tokens": mean_tokens, "raw_sweep": sweep_rates, "best_batch_size": best_bs,
-            "service": {f"{m} x{w}": r for (m, w), r in runs.items()}, "table": lines,
+            "tokenize_share": tokenize_share, "per_client": args.per_client,
+            "client_procs": args.client_procs,
+            "service": {f"{m} x{w} mbt{b}": r for (m, w, b), r in runs.items()},
+            "table": lines,
         }  # fmt: skip
         args.json.write_text(json.dumps(record, indent=2))
 

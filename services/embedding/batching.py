@@ -6,6 +6,11 @@ the batch to ONE worker thread (the event loop never blocks on the model), and s
 the rows back: every job gets exactly its own rows, in its own order. A job larger than
 a batch is split across batches. While the worker encodes, new texts queue up and form
 the next batch, so a busy service runs back-to-back full batches.
+
+With a ``prepare`` step (tokenization, see ``Encoder.prepare``) the batcher pipelines:
+batch k+1 is collected and prepared on a second thread while batch k's forward passes
+run on the encode thread, so the model never waits for the tokenizer (on a GPU the
+tokenizer is a large share of an encode call's time).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
@@ -41,17 +47,24 @@ QUEUE_WAIT = Histogram(
     "Time a request waited in the queue before (part of) it started encoding.",
     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+_SECONDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 ENCODE_SECONDS = Histogram(
     "arbiter_embedding_encode_seconds",
-    "Wall time of one encode call (tokenize + forward passes).",
-    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    "Wall time of one encode call (the forward passes; tokenizing too without a prepare step).",
+    buckets=_SECONDS,
+)
+PREPARE_SECONDS = Histogram(
+    "arbiter_embedding_prepare_seconds",
+    "Wall time of tokenizing one batch on the prepare thread (overlaps the encode thread).",
+    buckets=_SECONDS,
 )
 TEXTS = Counter("arbiter_embedding_texts_total", "Texts embedded (rate() gives texts/s).")
 TOKENS = Counter("arbiter_embedding_tokens_total", "Tokens embedded, after truncation.")
 TRUNCATED = Counter("arbiter_embedding_truncated_total", "Texts cut to max_seq_length.")
 QUEUED = Gauge("arbiter_embedding_queued_texts", "Texts waiting for a batch.")
 
-EncodeFn = Callable[[list[str]], Encoded]
+EncodeFn = Callable[[Any], Encoded]  # texts → rows; or prepare()'s output → rows
+PrepareFn = Callable[[list[str]], Any]
 
 
 class QueueFull(Exception):
@@ -82,11 +95,13 @@ class DynamicBatcher:
         self,
         encode: EncodeFn,
         *,
+        prepare: PrepareFn | None = None,
         max_batch_texts: int,
         max_wait_ms: float,
         max_queued_texts: int,
     ):
         self._encode = encode
+        self._prepare = prepare
         self.max_batch_texts = max_batch_texts
         self.max_wait = max_wait_ms / 1000.0
         self.max_queued_texts = max_queued_texts
@@ -94,6 +109,9 @@ class DynamicBatcher:
         self._queued = 0
         self._wakeup = asyncio.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
+        self._prep_worker = (
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare") if prepare else None
+        )
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -109,6 +127,8 @@ class DynamicBatcher:
                 job.future.set_exception(RuntimeError("embedding service shutting down"))
         self._jobs.clear()
         self._worker.shutdown(wait=False, cancel_futures=True)
+        if self._prep_worker is not None:
+            self._prep_worker.shutdown(wait=False, cancel_futures=True)
 
     @property
     def queued(self) -> int:
@@ -165,30 +185,59 @@ class DynamicBatcher:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            batch = await self._collect()
-            if not batch.texts:
-                continue
-            started = time.perf_counter()
-            for job, *_ in batch.parts:
-                QUEUE_WAIT.observe(started - job.enqueued)
-            BATCH_TEXTS.observe(len(batch.texts))
-            BATCH_REQUESTS.observe(len({id(p[0]) for p in batch.parts}))
-            try:
-                result = await loop.run_in_executor(self._worker, self._encode, batch.texts)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.exception("encode failed for a batch of %d texts", len(batch.texts))
+        running: asyncio.Task[None] | None = None  # forward passes of the previous batch
+        try:
+            while True:
+                batch = await self._collect()
+                if not batch.texts:
+                    continue
+                started = time.perf_counter()
                 for job, *_ in batch.parts:
-                    if not job.future.done():
-                        job.future.set_exception(exc)
-                continue
-            ENCODE_SECONDS.observe(time.perf_counter() - started)
-            TEXTS.inc(len(batch.texts))
-            TOKENS.inc(int(result.tokens.sum()))
-            TRUNCATED.inc(int(result.truncated.sum()))
-            self._scatter(batch, result)
+                    QUEUE_WAIT.observe(started - job.enqueued)
+                BATCH_TEXTS.observe(len(batch.texts))
+                BATCH_REQUESTS.observe(len({id(p[0]) for p in batch.parts}))
+                if self._prep_worker is None or self._prepare is None:  # one step
+                    await self._forward(batch, batch.texts)
+                    continue
+                try:
+                    prepared = await loop.run_in_executor(
+                        self._prep_worker, self._prepare, batch.texts
+                    )
+                except Exception as exc:
+                    self._fail(batch, exc)
+                    continue
+                PREPARE_SECONDS.observe(time.perf_counter() - started)
+                if running is not None:  # one forward at a time, batches in order
+                    await running
+                running = asyncio.create_task(self._forward(batch, prepared))
+        finally:
+            if running is not None:
+                running.cancel()
+
+    async def _forward(self, batch: _Batch, inputs: Any) -> None:
+        """Run the encode step on the encode thread and hand every job its rows; a failure
+        goes to the batch's callers, never out of here."""
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        try:
+            result = await loop.run_in_executor(self._worker, self._encode, inputs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._fail(batch, exc)
+            return
+        ENCODE_SECONDS.observe(time.perf_counter() - started)
+        TEXTS.inc(len(batch.texts))
+        TOKENS.inc(int(result.tokens.sum()))
+        TRUNCATED.inc(int(result.truncated.sum()))
+        self._scatter(batch, result)
+
+    @staticmethod
+    def _fail(batch: _Batch, exc: Exception) -> None:
+        log.error("encode failed for a batch of %d texts", len(batch.texts), exc_info=exc)
+        for job, *_ in batch.parts:
+            if not job.future.done():
+                job.future.set_exception(exc)
 
     @staticmethod
     def _scatter(batch: _Batch, result: Encoded) -> None:

@@ -1,10 +1,11 @@
 """The model side: load a sentence-transformers model once, count tokens, encode a batch.
 
-``Encoder.encode`` is called from ONE worker thread (see ``batching.py``). It counts each
-text's tokens with the model's own tokenizer, sorts the batch by length so that each
-forward pass pads little, cuts it into forward passes under ``batch_size`` texts and
+A batch goes through two steps, each on its own single thread (see ``batching.py``):
+``Encoder.prepare`` tokenizes it ONCE with the model's own preprocessing and counts each
+text's tokens from the attention mask; ``Encoder.forward`` sorts it by length so that
+each forward pass pads little, cuts it into forward passes under ``batch_size`` texts and
 ``max_batch_tokens`` padded tokens, and returns L2-normalised float32 rows in the
-caller's order.
+caller's order. ``Encoder.encode`` does both.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -21,6 +23,15 @@ from services.embedding.settings import EmbeddingSettings
 log = logging.getLogger("arbiter.embedding")
 
 _DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A tokenized batch, ready for the forward passes (see ``Encoder.prepare``)."""
+
+    features: dict[str, Any]  # the model's own preprocess() output, padded to the longest
+    tokens: np.ndarray  # (n,) tokens per text, after truncation
+    truncated: np.ndarray  # (n,) bool
 
 
 @dataclass(frozen=True)
@@ -130,24 +141,67 @@ class Encoder:
         raw = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         return np.minimum(raw, limit), raw > limit
 
+    def prepare(self, texts: list[str]) -> Prepared:
+        """Tokenize ``texts`` once, with the model's own preprocessing (what ``encode``
+        would do), and count tokens from the attention mask. Only texts that fill the
+        whole ``max_seq_length`` are tokenized a second time, to tell "exactly at the
+        limit" from "cut". Runs in its own thread, ahead of the forward pass (the fast
+        tokenizer releases the GIL), so tokenizing batch k+1 overlaps the forward of k."""
+        import torch
+
+        # preprocess() since sentence-transformers 6 (tokenize() before, now deprecated)
+        preprocess = getattr(self.model, "preprocess", None) or self.model.tokenize
+        features = preprocess(texts)
+        mask = features.get("attention_mask")
+        if not isinstance(mask, torch.Tensor) or mask.shape[0] != len(texts):
+            tokens, truncated = self.count_tokens(texts)  # a module without a mask
+            return Prepared(features, tokens, truncated)
+        tokens = mask.sum(dim=1).numpy().astype(np.int64)
+        truncated = np.zeros(len(texts), dtype=bool)
+        full = np.flatnonzero(tokens >= self.max_seq_length)
+        if full.size:
+            truncated[full] = self.count_tokens([texts[i] for i in full])[1]
+        return Prepared(features, tokens, truncated)
+
+    def forward(self, prepared: Prepared) -> Encoded:
+        """Forward passes over a prepared batch: sorted by length and cut into passes of
+        ≤ batch_size texts and ≤ max_batch_tokens padded tokens, each padded only to its
+        own longest text; L2-normalised on the device; rows in the caller's order."""
+        import torch
+
+        n = len(prepared.tokens)
+        out = np.empty((n, self.dim), dtype=np.float32)
+        s = self.settings
+        width = _seq_width(prepared.features, n)
+        left = getattr(self.tokenizer, "padding_side", "right") == "left"
+        with torch.inference_mode():
+            for idx in plan_chunks(prepared.tokens, s.batch_size, s.max_batch_tokens):
+                length = max(int(prepared.tokens[idx].max()), 1)
+                rows = torch.from_numpy(idx)
+                chunk: dict[str, Any] = {}
+                for key, value in prepared.features.items():
+                    if isinstance(value, torch.Tensor) and value.dim() >= 1 and value.shape[0] == n:
+                        value = value[rows]
+                        if value.dim() == 2 and value.shape[1] == width and width > length:
+                            value = value[:, -length:] if left else value[:, :length]
+                        value = value.to(self.model.device, non_blocking=True)
+                    chunk[key] = value
+                emb = self.model(chunk)["sentence_embedding"].float()
+                emb = torch.nn.functional.normalize(emb, p=2, dim=1)  # zero rows stay zero
+                out[idx] = emb.cpu().numpy()
+        return Encoded(out, prepared.tokens, prepared.truncated)
+
     def encode(self, texts: list[str]) -> Encoded:
         """Embed ``texts``; rows come back in the order given."""
-        n = len(texts)
-        if n == 0:
+        if not texts:
             return Encoded(
                 np.zeros((0, self.dim), np.float32), np.zeros(0, np.int64), np.zeros(0, bool)
             )
-        tokens, truncated = self.count_tokens(texts)
-        out = np.empty((n, self.dim), dtype=np.float32)
-        s = self.settings
-        for idx in plan_chunks(tokens, s.batch_size, s.max_batch_tokens):
-            chunk = [texts[i] for i in idx]
-            emb = self.model.encode(
-                chunk,
-                batch_size=len(chunk),
-                convert_to_numpy=True,
-                normalize_embeddings=False,
-                show_progress_bar=False,
-            )
-            out[idx] = np.asarray(emb, dtype=np.float32)
-        return Encoded(l2_normalize(out), tokens, truncated)
+        return self.forward(self.prepare(texts))
+
+
+def _seq_width(features: dict[str, Any], n: int) -> int:
+    """The padded sequence length of a preprocessed batch (from its attention mask)."""
+    mask = features.get("attention_mask")
+    shape = tuple(getattr(mask, "shape", ()))
+    return int(shape[1]) if len(shape) == 2 and shape[0] == n else -1

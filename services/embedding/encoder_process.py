@@ -5,12 +5,18 @@ thread and the event loop contend for one GIL: requests are parsed late, batches
 small. Here the model lives in a spawned child with its own interpreter; the batcher's
 single worker thread only sends texts down a pipe and reads the rows back (blocking I/O,
 GIL released). Same interface as ``Encoder``.
+
+Pipelined like the in-process encoder: ``prepare`` only sends a batch's texts, and the
+child tokenizes it on its main thread while its forward thread still runs the previous
+batch; ``forward`` reads the rows back. Answers come back in the order batches were sent.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
+import queue
+import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -27,18 +33,35 @@ def _child(conn: Connection, settings: dict[str, Any]) -> None:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", encoder.dim, encoder.max_seq_length))
+    # main thread: receive + tokenize; forward thread: forward passes + answer, in order
+    prepared: queue.Queue[Any] = queue.Queue(maxsize=2)
+
+    def forward_loop() -> None:
+        while (item := prepared.get()) is not None:
+            if item[0] != "ok":
+                conn.send(item)
+                continue
+            try:
+                r = encoder.forward(item[1])
+                conn.send(("ok", r.vectors, r.tokens, r.truncated))
+            except Exception as exc:
+                conn.send(("error", f"{type(exc).__name__}: {exc}"))
+
+    worker = threading.Thread(target=forward_loop, name="forward", daemon=True)
+    worker.start()
     while True:
         try:
             texts = conn.recv()
         except EOFError:  # the parent went away
-            return
+            texts = None
         if texts is None:
+            prepared.put(None)
+            worker.join()
             return
         try:
-            r = encoder.encode(texts)
-            conn.send(("ok", r.vectors, r.tokens, r.truncated))
+            prepared.put(("ok", encoder.prepare(texts)))
         except Exception as exc:
-            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+            prepared.put(("error", f"{type(exc).__name__}: {exc}"))
 
 
 class ProcessEncoder:
@@ -68,15 +91,26 @@ class ProcessEncoder:
     def alive(self) -> bool:
         return self._proc.is_alive()
 
-    def encode(self, texts: list[str]) -> Encoded:
+    def prepare(self, texts: list[str]) -> int:
+        """Send a batch to the child (which starts tokenizing it); returns its size."""
         try:
             self._conn.send(texts)
+        except (BrokenPipeError, ConnectionResetError, OSError) as exc:
+            raise RuntimeError(f"encoder process died (exit code {self._proc.exitcode})") from exc
+        return len(texts)
+
+    def forward(self, _sent: int) -> Encoded:
+        """The rows of the oldest batch sent and not yet answered."""
+        try:
             msg = self._conn.recv()
-        except (EOFError, BrokenPipeError, ConnectionResetError) as exc:
+        except (EOFError, ConnectionResetError, OSError) as exc:
             raise RuntimeError(f"encoder process died (exit code {self._proc.exitcode})") from exc
         if msg[0] != "ok":
             raise RuntimeError(f"encoder process: {msg[1]}")
         return Encoded(msg[1], msg[2], msg[3])
+
+    def encode(self, texts: list[str]) -> Encoded:
+        return self.forward(self.prepare(texts))
 
     def close(self) -> None:
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 
 from proto.components import ComponentResponse
 from proto.embedding import DiversityRequest, EmbeddingRequest, EmbeddingResponse, ModelList
@@ -13,26 +13,33 @@ from services.embedding.scoring import EmbeddingHandler
 router = APIRouter(prefix="/v1", tags=["embedding"])
 
 
-def get_handler(request: Request) -> EmbeddingHandler:
+async def get_handler(request: Request) -> EmbeddingHandler:
+    # async: a plain `def` dependency would run on the threadpool, one thread hop per request
     handler: EmbeddingHandler = request.app.state.embedding
     return handler
+
+
+def _json(model: ComponentResponse | EmbeddingResponse) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
 
 
 HandlerDep = Annotated[EmbeddingHandler, Depends(get_handler)]
 
 
 @router.post("/diversity", response_model=ComponentResponse, summary="diversity per response")
-async def diversity(req: DiversityRequest, handler: HandlerDep) -> ComponentResponse:
+async def diversity(req: DiversityRequest, handler: HandlerDep) -> Response:
     """1 − cos(e_i, mean of the group's normalised embeddings); null + `empty_response`
     for an empty response, null + `group_too_small` when < 2 non-empty responses;
     `info.truncated` lists responses cut to the model's max sequence length."""
-    return await handler.diversity(req)
+    # Serialised once by pydantic-core: returning the model would make FastAPI validate it
+    # again against response_model (which stays, for the OpenAPI schema) before dumping it.
+    return _json(await handler.diversity(req))
 
 
 @router.post("/embeddings", response_model=EmbeddingResponse, summary="OpenAI-compatible")
-async def embeddings(req: EmbeddingRequest, handler: HandlerDep) -> EmbeddingResponse:
+async def embeddings(req: EmbeddingRequest, handler: HandlerDep) -> Response:
     """OpenAI's embeddings API: L2-normalised vectors, `float` or `base64` encoding."""
-    return await handler.embeddings(req)
+    return _json(await handler.embeddings(req))
 
 
 @router.get("/models", response_model=ModelList, summary="the served model")

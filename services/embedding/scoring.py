@@ -111,8 +111,10 @@ class EmbeddingHandler:
             log.exception("could not load embedding model %r", self.settings.model)
             return
         s = self.settings
+        # tokenizing batch k+1 (prepare) overlaps the forward passes of batch k
         batcher = DynamicBatcher(
-            encoder.encode,
+            encoder.forward,
+            prepare=encoder.prepare,
             max_batch_texts=s.max_batch_texts,
             max_wait_ms=s.max_wait_ms,
             max_queued_texts=s.max_queued_texts,

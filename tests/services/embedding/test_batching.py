@@ -99,3 +99,64 @@ async def test_backlog_over_the_limit_is_refused() -> None:
             await batcher.embed([str(k) for k in range(6)])
     finally:
         await batcher.stop()
+
+
+class PreparingEncoder(RecordingEncoder):
+    """prepare() tags a batch; forward() checks it got exactly that batch back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.prepared = 0
+
+    def prepare(self, texts: list[str]) -> tuple[int, list[str]]:
+        self.prepared += 1
+        return self.prepared, list(texts)
+
+    def forward(self, prepared: tuple[int, list[str]]) -> Encoded:
+        return self(prepared[1])
+
+
+async def test_prepare_step_is_pipelined_and_rows_stay_with_their_callers() -> None:
+    encoder = PreparingEncoder()
+    batcher = DynamicBatcher(
+        encoder.forward, prepare=encoder.prepare,
+        max_batch_texts=8, max_wait_ms=5.0, max_queued_texts=10_000,
+    )  # fmt: skip
+    batcher.start()
+    try:
+        jobs = [[f"p {j} {k}" for k in range(1 + j % 7)] for j in range(60)]
+        results = await asyncio.gather(*(batcher.embed(texts) for texts in jobs))
+    finally:
+        await batcher.stop()
+    for texts, got in zip(jobs, results, strict=True):
+        np.testing.assert_array_equal(got.vectors, np.stack([vector_of(t) for t in texts]))
+    # every prepared batch was encoded once, in queue order
+    assert encoder.prepared == len(encoder.batches)
+    assert [t for b in encoder.batches for t in b] == [t for j in jobs for t in j]
+
+
+async def test_prepare_failure_reaches_its_callers_and_the_batcher_survives() -> None:
+    # A tokenizer fault cannot be provoked on demand with a real model: a stand-in raises once.
+    encoder = PreparingEncoder()
+    calls = {"n": 0}
+
+    def flaky_prepare(texts: list[str]) -> tuple[int, list[str]]:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise ValueError("tokenizer exploded")
+        return encoder.prepare(texts)
+
+    batcher = DynamicBatcher(
+        encoder.forward, prepare=flaky_prepare,
+        max_batch_texts=64, max_wait_ms=20.0, max_queued_texts=100,
+    )  # fmt: skip
+    batcher.start()
+    try:
+        first = await asyncio.gather(
+            batcher.embed(["a"]), batcher.embed(["b"]), return_exceptions=True
+        )
+        assert all(isinstance(r, ValueError) for r in first)
+        again = await batcher.embed(["c"])
+        np.testing.assert_array_equal(again.vectors[0], vector_of("c"))
+    finally:
+        await batcher.stop()
