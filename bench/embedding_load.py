@@ -33,10 +33,15 @@ class _Conn:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
+    async def connect(self) -> None:
+        """A fresh connection (the server drops idle ones after its keep-alive timeout)."""
+        await self.close()
+        self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
+            await self.connect()
+        assert self.reader is not None and self.writer is not None
         head = (
             f"POST {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -58,6 +63,7 @@ class _Conn:
             self.writer.close()
             with contextlib.suppress(Exception):
                 await self.writer.wait_closed()
+            self.reader = self.writer = None
 
 
 def _check(status: int, data: bytes, expect: int) -> None:
@@ -83,6 +89,10 @@ async def _run_block(
     return time.perf_counter() - t0, time.process_time() - cpu0
 
 
+async def _connect_all(clients: list[_Conn]) -> None:
+    await asyncio.gather(*(c.connect() for c in clients))
+
+
 def _worker(conn: Connection, host: str, port: int, n_clients: int) -> None:
     try:
         import uvloop
@@ -96,6 +106,8 @@ def _worker(conn: Connection, host: str, port: int, n_clients: int) -> None:
             msg = conn.recv()  # one list of (body bytes, texts) per client of this process
             if msg is None:
                 break
+            # connect before the clock starts: the baseline's turn may outlast keep-alive
+            loop.run_until_complete(_connect_all(clients))
             conn.send("loaded")
             conn.recv()  # go: the clock starts once every process holds its bodies
             try:
