@@ -277,8 +277,8 @@ def main() -> None:
         best = " (best)" if bs == best_bs else ""
         lines.append(f"| raw `model.encode` sweep, batch_size={bs}{best} | {rate:,.1f} |")
     label = (
-        f"{args.clients} clients × groups of {GROUP} in {args.client_procs} load processes, "
-        f"batch_size={best_bs}"
+        f"{args.clients} clients × groups of {GROUP} in {args.client_procs} "
+        f"load-generator process(es), batch_size={best_bs}"
     )
     for (mode, w, mbt), run in runs.items():
         how = f"encode in a {mode}, max_batch_texts={mbt}" + (
