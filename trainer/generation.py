@@ -41,65 +41,25 @@ import contextlib
 import logging
 import os
 from collections import OrderedDict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from trainer import decoder
+from trainer.sampling import (
+    _choose,
+    _seeded,
+    completion_mask_from_ids,
+    sampling_probs,
+)
+
 __all__ = ["Sampler", "completion_mask_from_ids", "sample", "sampling_probs"]
 
 log = logging.getLogger(__name__)
 
-_SUPPORTED_TYPES = {"qwen2", "qwen3", "llama", "mistral"}
-_POSITION_FREE_ROPE = {"default", "linear", "llama3", "yarn"}
 _CAPACITY_ROUND = 64  # KV-cache capacity is rounded up to this many slots
 _MAX_BUCKETS = 4  # cached (batch, capacity, ...) graph buckets per model
-
-
-def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:
-    """True up to and including the first ``eos_token_id`` of each row (all True if none)."""
-    is_eos = (completion_ids == eos_token_id).int()
-    # number of EOS strictly before position t; the token at t is kept iff that count is 0
-    return (torch.cumsum(is_eos, dim=1) - is_eos) == 0
-
-
-def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
-    """The distribution ``sample`` draws from, as HF computes it (for tests and docs)."""
-    scores = logits.float()
-    if temperature != 1.0:
-        scores = scores / temperature
-    if top_p < 1.0:
-        sorted_logits, sorted_idx = torch.sort(scores, descending=False)
-        cum = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-        remove = cum <= (1 - top_p)
-        remove[..., -1:] = False
-        remove = remove.scatter(-1, sorted_idx, remove)
-        scores = scores.masked_fill(remove, float("-inf"))
-    return scores.softmax(dim=-1)
-
-
-def _choose(
-    logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float
-) -> torch.Tensor:
-    """One token per row from float32 ``logits`` (B, V); ``u`` (B,) uniform in [0, 1)."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    scores = logits / temperature if temperature != 1.0 else logits
-    if top_p < 1.0:
-        sorted_logits, sorted_idx = torch.sort(scores, descending=False)
-        probs = sorted_logits.softmax(dim=-1)
-        remove = probs.cumsum(dim=-1) <= (1 - top_p)
-        remove[:, -1] = False
-        cdf = probs.masked_fill(remove, 0.0).cumsum(dim=-1)
-    else:
-        sorted_idx = None
-        cdf = scores.softmax(dim=-1).cumsum(dim=-1)
-    target = (u * cdf[:, -1]).unsqueeze(-1)
-    j = torch.searchsorted(cdf, target, right=True).clamp_(max=cdf.shape[-1] - 1)
-    if sorted_idx is not None:
-        j = sorted_idx.gather(-1, j)
-    return j.squeeze(-1)
 
 
 @dataclass
@@ -157,41 +117,18 @@ class Sampler:
             torch.compile(self._forward, dynamic=False) if compile else self._forward
         )
 
-    # ------------------------------------------------------------------ model introspection
+    # ------------------------------------------------------------------ the decoder
     def _unsupported_reason(self) -> str | None:
-        cfg = getattr(self.model, "config", None)
-        mtype = getattr(cfg, "model_type", None)
-        if mtype not in _SUPPORTED_TYPES:
-            return f"model_type {mtype!r} not in {sorted(_SUPPORTED_TYPES)}"
-        if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
-            return "sliding-window attention"
-        if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or []):
-            return "non-full attention layers"
-        rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
-        if rope_type not in _POSITION_FREE_ROPE:
-            return f"rope_type {rope_type!r}"
-        inner = getattr(self.model, "model", None)
-        if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
-            return "no .model.layers / .model.rotary_emb"
-        return None
+        return decoder.unsupported_reason(self.model)
 
     def _dims(self) -> tuple[int, int, int]:
-        attn = self.model.model.layers[0].self_attn
-        cfg = self.model.config
-        head_dim = int(attn.head_dim)
-        return int(cfg.num_attention_heads), int(cfg.num_key_value_heads), head_dim
+        return decoder.dims(self.model)
 
     def _rope_tables(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].shape[0] < length or self._rope[0].dtype != dtype:
-            n = max(length, 2048)
-            pos = torch.arange(n, device=self.device)[None]
-            dummy = torch.zeros(1, device=self.device, dtype=dtype)
-            cos, sin = self.model.model.rotary_emb(dummy, pos)
-            self._rope = (cos[0].to(dtype).contiguous(), sin[0].to(dtype).contiguous())
+            self._rope = decoder.rope_tables(self.model, max(length, 2048), dtype, self.device)
         return self._rope
 
-    # ------------------------------------------------------------------ functional forward
     def _forward(
         self,
         ids: torch.Tensor,  # (B, T)
@@ -201,47 +138,9 @@ class Sampler:
         write: Any,  # write(cache, new) stores new K or V (B, KVH, T, D) into the cache
         last_only: bool,
     ) -> torch.Tensor:
-        model = self.model
-        inner = model.model
-        h_q, h_kv, d = self._dims()
-        group = h_q // h_kv
-        b, t = ids.shape
-        s = mask.shape[-1]
-        cos_t, sin_t = bk.extra["rope"]
-        cos = cos_t[pos].unsqueeze(1)  # (B, 1, T, D)
-        sin = sin_t[pos].unsqueeze(1)
-        neg = torch.finfo(torch.float32).min
-        bias = torch.zeros(mask.shape, device=ids.device, dtype=torch.float32)
-        bias = bias.masked_fill(~mask, neg)[:, None, None]  # (B, 1, 1, T, S)
-        x = inner.embed_tokens(ids)
-        for li, layer in enumerate(inner.layers):
-            attn = layer.self_attn
-            hs = layer.input_layernorm(x)
-            q = attn.q_proj(hs).view(b, t, h_q, d)
-            k = attn.k_proj(hs).view(b, t, h_kv, d)
-            v = attn.v_proj(hs).view(b, t, h_kv, d)
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
-            write(bk.k_cache[li], k)
-            write(bk.v_cache[li], v)
-            keys = bk.k_cache[li][:, :, :s]  # (B, KVH, S, D)
-            vals = bk.v_cache[li][:, :, :s]
-            # HF eager attention numerics: scores in the model dtype, softmax in float32
-            qg = q.reshape(b, h_kv, group * t, d)
-            scores = torch.matmul(qg.to(keys.dtype), keys.transpose(-1, -2)) * attn.scaling
-            scores = scores.view(b, h_kv, group, t, s).float() + bias
-            probs = scores.softmax(dim=-1).to(x.dtype).view(b, h_kv, group * t, s)
-            o = torch.matmul(probs, vals.to(probs.dtype))  # (B, KVH, G*T, D) -> (B, H, T, D)
-            o = o.view(b, h_q, t, d).transpose(1, 2).reshape(b, t, h_q * d)
-            x = x + attn.o_proj(o)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
-        if last_only:
-            x = x[:, -1:]
-        x = inner.norm(x)
-        return model.lm_head(x)[:, -1].float()
+        return decoder.forward(
+            self.model, ids, pos, bk.extra["rope"], bk.k_cache, bk.v_cache, mask, write, last_only
+        )
 
     # ------------------------------------------------------------------ buffers and graphs
     def _bucket(self, b: int, c: int, n: int, temperature: float, top_p: float) -> _Bucket:
@@ -455,24 +354,6 @@ class Sampler:
         ids = out[:, prompt_ids.shape[1] :]
         cmask = completion_mask_from_ids(ids, eos_token_id)
         return ids.masked_fill(~cmask, pad_token_id), cmask
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-@contextlib.contextmanager
-def _seeded(generator: torch.Generator | None, device: torch.device) -> Iterator[None]:
-    """Run HF generate under the global RNG seeded from ``generator`` (fallback path only)."""
-    if generator is None:
-        yield
-        return
-    seed = int(torch.randint(0, 2**62, (1,), generator=generator, device=generator.device).item())
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
 
 
 _SAMPLERS: dict[int, Sampler] = {}

@@ -1,0 +1,112 @@
+"""A functional forward of Qwen2/Qwen3/Llama/Mistral-shaped decoders over a static KV cache.
+
+Used by ``trainer.generation.Sampler``: it reuses the model's own modules (norms,
+projections, MLP, embeddings, rotary tables) and reads the live parameters, so optimizer
+updates are seen by captured CUDA graphs without re-capture. Numerics follow HF's eager
+attention (scores in the model dtype, softmax in float32).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+SUPPORTED_TYPES = {"qwen2", "qwen3", "llama", "mistral"}
+POSITION_FREE_ROPE = {"default", "linear", "llama3", "yarn"}
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def unsupported_reason(model: Any) -> str | None:
+    """Why the fast path cannot run this model (None: it can)."""
+    cfg = getattr(model, "config", None)
+    mtype = getattr(cfg, "model_type", None)
+    if mtype not in SUPPORTED_TYPES:
+        return f"model_type {mtype!r} not in {sorted(SUPPORTED_TYPES)}"
+    if getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None):
+        return "sliding-window attention"
+    if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or []):
+        return "non-full attention layers"
+    rope = getattr(cfg, "rope_parameters", None) or getattr(cfg, "rope_scaling", None) or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default")) if rope else "default"
+    if rope_type not in POSITION_FREE_ROPE:
+        return f"rope_type {rope_type!r}"
+    inner = getattr(model, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "rotary_emb"):
+        return "no .model.layers / .model.rotary_emb"
+    return None
+
+
+def dims(model: Any) -> tuple[int, int, int]:
+    """(query heads, key/value heads, head dim)."""
+    attn = model.model.layers[0].self_attn
+    cfg = model.config
+    return int(cfg.num_attention_heads), int(cfg.num_key_value_heads), int(attn.head_dim)
+
+
+def rope_tables(
+    model: Any, n: int, dtype: torch.dtype, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (n, head_dim) for positions 0..n-1, from the model's own rotary module."""
+    pos = torch.arange(n, device=device)[None]
+    dummy = torch.zeros(1, device=device, dtype=dtype)
+    cos, sin = model.model.rotary_emb(dummy, pos)
+    return cos[0].to(dtype).contiguous(), sin[0].to(dtype).contiguous()
+
+
+def forward(
+    model: Any,
+    ids: torch.Tensor,  # (B, T)
+    pos: torch.Tensor,  # (B, T)
+    rope: tuple[torch.Tensor, torch.Tensor],
+    k_cache: list[torch.Tensor],  # per layer (B, KVH, C, D)
+    v_cache: list[torch.Tensor],
+    mask: torch.Tensor,  # (B, T, S) bool over the first S cache slots
+    write: Any,  # write(cache, new) stores new K or V (B, KVH, T, D) into the cache
+    last_only: bool,
+) -> torch.Tensor:
+    """Logits (B, V) float32 of the last position; K/V of the new tokens written to the cache."""
+    inner = model.model
+    h_q, h_kv, d = dims(model)
+    group = h_q // h_kv
+    b, t = ids.shape
+    s = mask.shape[-1]
+    cos_t, sin_t = rope
+    cos = cos_t[pos].unsqueeze(1)  # (B, 1, T, D)
+    sin = sin_t[pos].unsqueeze(1)
+    neg = torch.finfo(torch.float32).min
+    bias = torch.zeros(mask.shape, device=ids.device, dtype=torch.float32)
+    bias = bias.masked_fill(~mask, neg)[:, None, None]  # (B, 1, 1, T, S)
+    x = inner.embed_tokens(ids)
+    for li, layer in enumerate(inner.layers):
+        attn = layer.self_attn
+        hs = layer.input_layernorm(x)
+        q = attn.q_proj(hs).view(b, t, h_q, d)
+        k = attn.k_proj(hs).view(b, t, h_kv, d)
+        v = attn.v_proj(hs).view(b, t, h_kv, d)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        write(k_cache[li], k)
+        write(v_cache[li], v)
+        keys = k_cache[li][:, :, :s]  # (B, KVH, S, D)
+        vals = v_cache[li][:, :, :s]
+        # HF eager attention numerics: scores in the model dtype, softmax in float32
+        qg = q.reshape(b, h_kv, group * t, d)
+        scores = torch.matmul(qg.to(keys.dtype), keys.transpose(-1, -2)) * attn.scaling
+        scores = scores.view(b, h_kv, group, t, s).float() + bias
+        probs = scores.softmax(dim=-1).to(x.dtype).view(b, h_kv, group * t, s)
+        o = torch.matmul(probs, vals.to(probs.dtype))  # (B, KVH, G*T, D) -> (B, H, T, D)
+        o = o.view(b, h_q, t, d).transpose(1, 2).reshape(b, t, h_q * d)
+        x = x + attn.o_proj(o)
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    if last_only:
+        x = x[:, -1:]
+    x = inner.norm(x)
+    return model.lm_head(x)[:, -1].float()
