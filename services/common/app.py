@@ -63,24 +63,38 @@ def error_json(
 
 
 def _loc_to_param(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
-    # Drop pydantic's union/generic tags such as 'str' or 'Recipe' that are not fields.
-    return ".".join(parts)
+    return ".".join(str(p) for p in loc if p not in ("body", "query", "path"))
+
+
+ErrorPicker = Callable[[list[dict[str, Any]]], tuple[str, str]]
+
+
+def first_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
+    """(param, message) of the first validation error: the field as a dotted path."""
+    first = errors[0]
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return _loc_to_param(tuple(first.get("loc", ()))), f"{first.get('msg')}{more}"
+
+
+def validation_response(
+    exc: RequestValidationError, pick: ErrorPicker = first_error
+) -> JSONResponse:
+    """The envelope for a request that failed validation; ``pick`` names the field to blame."""
+    errors = list(exc.errors())
+    if not errors:
+        return error_json(422, "invalid_request_error", "invalid request", None, "validation_error")
+    if errors[0].get("type") == "json_invalid":
+        detail = (errors[0].get("ctx") or {}).get("error", "")
+        message = f"the body is not valid JSON: {detail}".rstrip(": ")
+        return error_json(422, "invalid_request_error", message, None, "invalid_json")
+    param, msg = pick(errors)
+    message = f"{param}: {msg}" if param else msg
+    return error_json(422, "invalid_request_error", message, param or None, "validation_error")
 
 
 async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = exc.errors()
-    if errors and errors[0].get("type") == "json_invalid":
-        detail = (errors[0].get("ctx") or {}).get("error", "")
-        message = f"the body is not valid JSON: {detail}".rstrip(": ")
-        return error_json(422, "invalid_request_error", message, None, "invalid_json")
-    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-    param = _loc_to_param(tuple(first.get("loc", ())))
-    message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-    if len(errors) > 1:
-        message += f" (and {len(errors) - 1} more)"
-    return error_json(422, "invalid_request_error", message, param or None, "validation_error")
+    return validation_response(exc)
 
 
 async def _arbiter_handler(_: Request, exc: Exception) -> JSONResponse:

@@ -11,7 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from services.common.app import create_service_app, error_json
+from services.common.app import create_service_app, validation_response
 from services.gateway.cache import Cache, LRUCache, NullCache, RedisCache
 from services.gateway.fanout import ComponentClient
 from services.gateway.recipes import RecipeBook
@@ -104,13 +104,4 @@ def _first_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
 
 async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    errors = list(exc.errors())
-    if not errors:
-        return error_json(422, "invalid_request_error", "invalid request", None, "validation_error")
-    if errors[0].get("type") == "json_invalid":
-        detail = (errors[0].get("ctx") or {}).get("error", "")
-        msg = f"the body is not valid JSON: {detail}".rstrip(": ")
-        return error_json(422, "invalid_request_error", msg, None, "invalid_json")
-    param, msg = _first_error(errors)
-    message = f"{param}: {msg}" if param else msg
-    return error_json(422, "invalid_request_error", message, param or None, "validation_error")
+    return validation_response(exc, pick=_first_error)
