@@ -193,6 +193,11 @@ def train(cfg: TrainerConfig) -> dict[str, Any]:
             rollout.ref_logps = sequence_logprobs(ref, rollout, cfg.micro_batch_size, precision)
         return Pending(rollout, future, gen_s, time.perf_counter() - t1)
 
+    def save(step: int) -> None:
+        """Checkpoint (policy, optimizer, scheduler) tagged with the recipe it trained on."""
+        meta = {"recipe_fingerprint": fingerprint}  # read at call time: the latest recipe
+        checkpoint.save(run_dir, step, policy, tokenizer, opt, sched, meta, cfg.keep_checkpoints)
+
     # rewards thread and progress bar are closed however the run ends
     with contextlib.closing(rewards), contextlib.closing(logger):
         if cfg.eval_every and start_step == 0:
@@ -296,31 +301,13 @@ def train(cfg: TrainerConfig) -> dict[str, Any]:
                 and step + 1 < cfg.steps
                 and dist.main
             ):
-                checkpoint.save(
-                    run_dir,
-                    step + 1,
-                    policy,
-                    tokenizer,
-                    opt,
-                    sched,
-                    {"recipe_fingerprint": fingerprint},
-                    cfg.keep_checkpoints,
-                )
+                save(step + 1)
 
         # --- end: final eval, checkpoint, curves
         if cfg.eval_every:
             run_eval(cfg.steps)
         if dist.main:
-            checkpoint.save(
-                run_dir,
-                cfg.steps,
-                policy,
-                tokenizer,
-                opt,
-                sched,
-                {"recipe_fingerprint": fingerprint},
-                cfg.keep_checkpoints,
-            )
+            save(cfg.steps)
             if cfg.plot:
                 plot_curves(run_dir)
     dist.barrier()
