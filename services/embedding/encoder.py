@@ -1,7 +1,8 @@
 """The model side: load a sentence-transformers model once, count tokens, encode a batch.
 
 A batch goes through two steps, each on its own single thread (see ``batching.py``):
-``Encoder.prepare`` tokenizes it ONCE with the model's own preprocessing and counts each
+``Encoder.prepare`` tokenizes it ONCE with the model's own preprocessing (or the
+equivalent, checked, Rust-only path of ``fast_tokenize.py``) and counts each
 text's tokens from the attention mask; ``Encoder.forward`` sorts it by length so that
 each forward pass pads little, cuts it into forward passes under ``batch_size`` texts and
 ``max_batch_tokens`` padded tokens, and returns L2-normalised float32 rows in the
@@ -18,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from services.embedding.fast_tokenize import FastTokenizer
 from services.embedding.settings import EmbeddingSettings
 
 log = logging.getLogger("arbiter.embedding")
@@ -113,6 +115,11 @@ class Encoder:
             )
         self.max_seq_length = int(limit)
         self.tokenizer = self.model.tokenizer
+        self.fast = (
+            FastTokenizer.for_model(self.model, self.max_seq_length)
+            if settings.fast_tokenize
+            else None
+        )
         get_dim = getattr(self.model, "get_embedding_dimension", None) or getattr(
             self.model, "get_sentence_embedding_dimension", None
         )  # renamed in sentence-transformers 6.x
@@ -121,9 +128,10 @@ class Encoder:
             dim = int(self.model.encode(["dimension probe"]).shape[1])
         self.dim = int(dim)
         log.info(
-            "loaded %s on %s (%s) in %.1fs: dim %d, max_seq_length %d",
+            "loaded %s on %s (%s) in %.1fs: dim %d, max_seq_length %d, tokenizing %s",
             settings.model, self.device, settings.dtype, time.perf_counter() - start,
             self.dim, self.max_seq_length,
+            "with the Rust tokenizer directly" if self.fast else "through preprocess()",
         )  # fmt: skip
 
     def count_tokens(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -149,9 +157,10 @@ class Encoder:
         tokenizer releases the GIL), so tokenizing batch k+1 overlaps the forward of k."""
         import torch
 
-        # preprocess() since sentence-transformers 6 (tokenize() before, now deprecated)
-        preprocess = getattr(self.model, "preprocess", None) or self.model.tokenize
-        features = preprocess(texts)
+        if self.fast is not None:  # checked equal to preprocess() at load (fast_tokenize.py)
+            features = self.fast(texts)
+        else:  # preprocess() since sentence-transformers 6 (tokenize() before, now deprecated)
+            features = (getattr(self.model, "preprocess", None) or self.model.tokenize)(texts)
         mask = features.get("attention_mask")
         if not isinstance(mask, torch.Tensor) or mask.shape[0] != len(texts):
             tokens, truncated = self.count_tokens(texts)  # a module without a mask
