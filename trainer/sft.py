@@ -9,16 +9,17 @@ shape (``{"question", "answer": "...#### N"}``; the references are always correc
     A: <think>12 + 7 = 19. 19 - 5 = 14.</think><answer>14</answer>
 
 Numbers are small (sums of two numbers up to 20, products of digits) so that a few-million
-parameter model gets the arithmetic right after a minute of SFT; what GRPO then has to fix is
-the misconception share of the demonstrations (``slip_rate``, see ``write_dataset``).
+parameter model learns the arithmetic in under a minute of SFT on a GPU. A short pass (200 steps)
+leaves a model that writes the format but is unsure of its sums: greedy accuracy ~24 %, yet
+~73 % of problems solved by one of 16 samples, which is what GRPO through the gateway,
+rewarded by the verify service, can turn into accuracy. ``slip_rate`` > 0 instead plants a
+misconception in that share of the demonstrations (see ``write_dataset``), a much easier
+task for GRPO, kept for comparison. Prompts are rendered exactly as the trainer renders
+them (``trainer.data.chat_messages`` + the chat template).
 
-So the warm-start model writes the format and does the sums, but follows the misconception
-on most problems it applies to (greedy accuracy ~27 %, sampled ~60 %); GRPO through the
-gateway, rewarded by the verify service, has accuracy to win. Prompts are rendered exactly
-as the trainer renders them (``trainer.data.chat_messages`` + the chat template).
-
-With ``slip_rate=0`` (only correct demonstrations) and a short SFT pass, GRPO at lr 3e-4 made
-the held-out accuracy worse on the GPU, not better; see the README's "Trainer on the GPU".
+With ``slip_rate=0`` (only correct demonstrations, the default) and a 200-step SFT pass
+(24 % held-out), GRPO at lr 5e-5 with a KL term to the warm start reached 59 % in 7.5 minutes
+on an H200; at lr 3e-4 it made the model worse. See the README's "Trainer on the GPU".
 
     python -m trainer.sft data OUT_DIR [--train 20000 --test 500 --slip-rate 0.6]
     python -m trainer.sft train OUT_MODEL_DIR --data DATA_DIR [--steps 2500 --hidden 256 ...]
