@@ -113,7 +113,11 @@ def _run_trainer(
     run_dir = Path(settings["run_dir"])
     cfg_path = a.work / f"{tag}.yaml"
     cfg_path.write_text(yaml.safe_dump(settings, sort_keys=False))
-    cmd = [sys.executable, "-m", "trainer", "--config", str(cfg_path), *overrides]
+    launch = [sys.executable, "-m", "trainer"]
+    if a.nproc > 1:  # data parallel, one process per GPU, as a user would run it
+        launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                  f"--nproc_per_node={a.nproc}", "-m", "trainer"]  # fmt: skip
+    cmd = [*launch, "--config", str(cfg_path), *overrides]
     t1 = time.perf_counter()
     try:
         with (a.out / f"trainer-{tag}.log").open("w") as logf:
@@ -122,7 +126,8 @@ def _run_trainer(
     except subprocess.TimeoutExpired:
         rc = -9
     wall = time.perf_counter() - t1
-    out: dict[str, Any] = {"cmd": "python -m trainer --config " + cfg_path.name, "rc": rc}
+    shown = f"torchrun --nproc_per_node {a.nproc}" if a.nproc > 1 else "python"
+    out: dict[str, Any] = {"cmd": f"{shown} -m trainer --config {cfg_path.name}", "rc": rc}
     if (run_dir / "metrics.jsonl").exists():
         out |= _summarise(run_dir, wall)
         shutil.copy(run_dir / "metrics.jsonl", a.out / f"metrics-{tag}.jsonl")
@@ -160,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
         help="then a short pipeline=false run to compare the reward wait (0: skip)",
     )
     p.add_argument("--verify-workers", type=int, default=8)
+    p.add_argument("--nproc", type=int, default=1, help="GPUs: >1 runs the trainer under torchrun")
     p.add_argument("--timeout", type=int, default=470, help="kill the GRPO run after this")
     p.add_argument("--tag", default="", help="suffix for the files written to --out")
     p.add_argument("overrides", nargs="*", help="extra trainer settings, key=value")

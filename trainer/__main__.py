@@ -25,9 +25,15 @@ def main(argv: list[str] | None = None) -> int:
         cfg = TrainerConfig.load(args.config, args.overrides)
     except (ConfigError, FileNotFoundError) as e:
         parser.exit(2, f"config error: {e}\n")
+    import torch.distributed as dist
+
     from trainer.loop import train
 
-    train(cfg)
+    try:
+        train(cfg)
+    finally:
+        if dist.is_initialized():  # torchrun: release the process group (NCCL warns otherwise)
+            dist.destroy_process_group()
     return 0
 
 

@@ -60,7 +60,10 @@ def init_distributed(device_pref: str, cpu_threads: int = 0) -> tuple[Dist, torc
     if cuda:
         torch.cuda.set_device(device)
     if world > 1 and not torch_dist.is_initialized():
-        torch_dist.init_process_group(backend="nccl" if cuda else "gloo")
+        # device_id binds each rank to its GPU up front (NCCL otherwise guesses from the rank)
+        torch_dist.init_process_group(
+            backend="nccl" if cuda else "gloo", device_id=device if cuda else None
+        )
     return Dist(rank=rank, world=world, local_rank=local), device
 
 
