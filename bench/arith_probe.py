@@ -3,7 +3,7 @@
 For each kind of generated problem (``trainer.sft``: add, sub, mul, two-step) on the held-out
 split: greedy accuracy, mean sampled accuracy at the rollout temperature, and pass@k (some
 of k samples right): what GRPO can sharpen (sampled < greedy), and where it has nothing to
-reinforce (pass@k near 0). Exact match of the ``<answer>`` value, as ``greedy_accuracy``.
+reinforce (pass@k near 0). Exact match of the ``<answer>`` value (``trainer.sft.answers_right``).
 
     python -m bench.arith_probe MODEL_DIR DATA_DIR [--n 400 --k 16 --temperature 1.0]
 """
@@ -12,12 +12,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
-
-_ANSWER = re.compile(r"<answer>\s*(-?\d+)\s*</answer>")
 
 
 def kind_of(question: str) -> str:
@@ -34,33 +31,20 @@ def probe(model_dir: Path, data_dir: Path, n: int, k: int, temperature: float) -
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.data import chat_messages, load_problems, render_prompt
-    from trainer.generation import sample
+    from trainer.data import load_problems
+    from trainer.sft import answers_right
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir))
     model = model.to(dev).eval()
     tok = AutoTokenizer.from_pretrained(model_dir)
-    tok.padding_side = "left"
     problems = load_problems(data_dir / "test.jsonl", n)
-    prompts = [render_prompt(tok, chat_messages(p.question)) for p in problems]
-    enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    ids, mask = enc["input_ids"].to(dev), enc["attention_mask"].to(dev)
     gen = torch.Generator(dev).manual_seed(0)
-
-    def right(temp: float, repeats: int) -> list[list[bool]]:
-        out_ids, _ = sample(
-            model, ids.repeat_interleave(repeats, 0), mask.repeat_interleave(repeats, 0),
-            max_new_tokens=48, temperature=temp, eos_token_id=tok.eos_token_id,
-            pad_token_id=tok.pad_token_id, generator=gen,
-        )  # fmt: skip
-        texts = tok.batch_decode(out_ids, skip_special_tokens=True)
-        hits = [bool((m := _ANSWER.search(t)) and m.group(1) == problems[i // repeats].reference)
-                for i, t in enumerate(texts)]  # fmt: skip
-        return [hits[i * repeats : (i + 1) * repeats] for i in range(len(problems))]
-
     with torch.inference_mode():
-        greedy, sampled = right(0.0, 1), right(temperature, k)
+        greedy = answers_right(model, tok, problems, generator=gen)
+        sampled = answers_right(
+            model, tok, problems, repeats=k, temperature=temperature, generator=gen
+        )
     rows: dict[str, list[tuple[bool, float, bool]]] = defaultdict(list)
     for p, g, s in zip(problems, greedy, sampled, strict=True):
         rows[kind_of(p.question)].append((g[0], sum(s) / k, any(s)))

@@ -251,6 +251,45 @@ def train_sft(
             "device": str(dev)}  # fmt: skip
 
 
+def answers_right(
+    model: Any,
+    tokenizer: Any,
+    problems: list[Any],
+    *,
+    repeats: int = 1,
+    temperature: float = 0.0,
+    max_new_tokens: int = 48,
+    generator: Any = None,
+) -> list[list[bool]]:
+    """Per problem, ``repeats`` completions (greedy at temperature 0): is the ``<answer>``
+    value exactly the reference? A local check, without the verify service."""
+    import re
+
+    from trainer.data import chat_messages, render_prompt
+    from trainer.generation import sample
+
+    prompts = [render_prompt(tokenizer, chat_messages(p.question)) for p in problems]
+    tokenizer.padding_side = "left"
+    dev = next(model.parameters()).device
+    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, _ = sample(
+        model,
+        enc["input_ids"].to(dev).repeat_interleave(repeats, 0),
+        enc["attention_mask"].to(dev).repeat_interleave(repeats, 0),
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        generator=generator,
+    )
+    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
+    hits = []
+    for i, t in enumerate(texts):
+        m = re.search(r"<answer>\s*(-?\d+)\s*</answer>", t)
+        hits.append(bool(m and m.group(1) == problems[i // repeats].reference))
+    return [hits[i * repeats : (i + 1) * repeats] for i in range(len(problems))]
+
+
 def greedy_accuracy(
     model: Any,
     tokenizer: Any,
@@ -260,31 +299,11 @@ def greedy_accuracy(
     split: str = "test",
 ) -> float:
     """Quick local check (exact match of the <answer> value), without the verify service."""
-    import re
-
-    from trainer.data import chat_messages, load_problems, render_prompt
-    from trainer.generation import sample
+    from trainer.data import load_problems
 
     problems = load_problems(data_dir / f"{split}.jsonl", n)
-    prompts = [render_prompt(tokenizer, chat_messages(p.question)) for p in problems]
-    tokenizer.padding_side = "left"
-    dev = next(model.parameters()).device
-    enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    ids, _ = sample(
-        model,
-        enc["input_ids"].to(dev),
-        enc["attention_mask"].to(dev),
-        max_new_tokens=max_new_tokens,
-        temperature=0.0,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
-    right = 0
-    for p, t in zip(problems, texts, strict=True):
-        m = re.search(r"<answer>\s*(-?\d+)\s*</answer>", t)
-        right += bool(m and m.group(1) == p.reference)
-    return right / len(problems)
+    right = answers_right(model, tokenizer, problems, max_new_tokens=max_new_tokens)
+    return sum(r[0] for r in right) / len(problems)
 
 
 def main(argv: list[str] | None = None) -> None:
