@@ -24,7 +24,8 @@ import numpy as np
 
 log = logging.getLogger("arbiter.embedding")
 
-_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+# the tensors it builds: feature name -> attribute of a tokenizers.Encoding
+_FIELDS = {"input_ids": "ids", "attention_mask": "attention_mask", "token_type_ids": "type_ids"}
 PROBES = [
     "A short answer. #### 42",
     "  Leading and trailing spaces, Mixed CASE, tabs\tand\nnewlines  ",
@@ -64,7 +65,7 @@ class FastTokenizer:
             log.info("fast tokenizer off: preprocess failed on the probes (%s)", exc)
             return None
         keys = list(a)
-        extras = {k: v for k, v in a.items() if k not in _KEYS}
+        extras = {k: v for k, v in a.items() if k not in _FIELDS}
         if any(hasattr(v, "shape") or b.get(k) != v for k, v in extras.items()):
             log.info("fast tokenizer off: preprocess returns per-batch inputs %s", list(extras))
             return None
@@ -82,17 +83,14 @@ class FastTokenizer:
         encodings = self.backend.encode_batch(texts)
         n = len(encodings)
         width = max((len(e.ids) for e in encodings), default=0)
-        arrays = {
-            "input_ids": np.full((n, width), self.pad_id, dtype=np.int64),
-            "attention_mask": np.zeros((n, width), dtype=np.int64),
-            "token_type_ids": np.full((n, width), self.pad_type_id, dtype=np.int64),
-        }
+        pads = {"input_ids": self.pad_id, "attention_mask": 0, "token_type_ids": self.pad_type_id}
+        wanted = [key for key in self.keys if key in _FIELDS]  # only what preprocess() returns
+        arrays = {key: np.full((n, width), pads[key], dtype=np.int64) for key in wanted}
         for i, e in enumerate(encodings):
             k = len(e.ids)
             cols = slice(width - k, width) if self.left else slice(0, k)
-            arrays["input_ids"][i, cols] = e.ids
-            arrays["attention_mask"][i, cols] = e.attention_mask
-            arrays["token_type_ids"][i, cols] = e.type_ids
+            for key in wanted:
+                arrays[key][i, cols] = getattr(e, _FIELDS[key])
         return {
             key: torch.from_numpy(arrays[key]) if key in arrays else self.extras[key]
             for key in self.keys
