@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import httpx
 
-from proto.common import ErrorResponse
-from proto.gateway import Recipe, ScoreGroup, ScoreRequest, ScoreResponse
+from arbiter.proto.common import ErrorResponse
+from arbiter.proto.gateway import Recipe, ScoreGroup, ScoreRequest, ScoreResponse
 
 RecipeArg = str | Recipe | dict[str, Any]
 GroupArg = ScoreGroup | dict[str, Any]

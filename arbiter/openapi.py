@@ -12,7 +12,7 @@ OPENAPI_DIR = Path(__file__).resolve().parents[1] / "proto" / "openapi"
 
 def render(service: str) -> str:
     """The service's OpenAPI document as canonical JSON text (built without starting it)."""
-    module = importlib.import_module(f"services.{service}.app")
+    module = importlib.import_module(f"arbiter.services.{service}.app")
     app = module.create_app()
     return json.dumps(app.openapi(), indent=2, sort_keys=True) + "\n"
 
@@ -21,9 +21,9 @@ def available() -> list[str]:
     found = []
     for name in SERVICES:
         try:
-            importlib.import_module(f"services.{name}.app")
+            importlib.import_module(f"arbiter.services.{name}.app")
         except ModuleNotFoundError as exc:
-            if exc.name and exc.name.startswith(f"services.{name}"):
+            if exc.name and exc.name.startswith(f"arbiter.services.{name}"):
                 continue
             raise
         found.append(name)

@@ -38,14 +38,15 @@ def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
     gateway_env = {"REDIS_URL": f"redis://127.0.0.1:{args.redis_port}/0"}
 
     procs.append(
-        uvicorn_process("verify", "services.verify.app:create_app", args.verify_port,
+        uvicorn_process("verify", "arbiter.services.verify.app:create_app", args.verify_port,
                         log_path=logs / "verify.log", ready_path="/readyz")
     )  # fmt: skip
     gateway_env["GATEWAY_VERIFY_URL"] = f"http://127.0.0.1:{args.verify_port}"
     if not args.no_embedding:
         procs.append(
-            uvicorn_process("embedding", "services.embedding.app:create_app", args.embedding_port,
-                            log_path=logs / "embedding.log", ready_path="/readyz")
+            uvicorn_process("embedding", "arbiter.services.embedding.app:create_app",
+                            args.embedding_port, log_path=logs / "embedding.log",
+                            ready_path="/readyz")
         )  # fmt: skip
         gateway_env["GATEWAY_EMBEDDING_URL"] = f"http://127.0.0.1:{args.embedding_port}"
     if args.judge_base_url:
@@ -53,12 +54,12 @@ def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
         if args.judge_model:
             judge_env["JUDGE_MODEL"] = args.judge_model
         procs.append(
-            uvicorn_process("judge", "services.judge.app:create_app", args.judge_port,
+            uvicorn_process("judge", "arbiter.services.judge.app:create_app", args.judge_port,
                             env=judge_env, log_path=logs / "judge.log", ready_path="/healthz")
         )  # fmt: skip
         gateway_env["GATEWAY_JUDGE_URL"] = f"http://127.0.0.1:{args.judge_port}"
     procs.append(
-        uvicorn_process("gateway", "services.gateway.app:create_app", args.gateway_port,
+        uvicorn_process("gateway", "arbiter.services.gateway.app:create_app", args.gateway_port,
                         env=gateway_env, log_path=logs / "gateway.log")
     )  # fmt: skip
     return procs

@@ -31,8 +31,8 @@ def probe(model_dir: Path, data_dir: Path, n: int, k: int, temperature: float) -
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.data import load_problems
-    from trainer.sft import answers_right
+    from arbiter.trainer.data import load_problems
+    from arbiter.trainer.sft import answers_right
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     model: Any = AutoModelForCausalLM.from_pretrained(str(model_dir))

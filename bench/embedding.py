@@ -71,7 +71,7 @@ class Raw:
         import torch
         from sentence_transformers import SentenceTransformer
 
-        from services.embedding.encoder import configure_torch, resolve_device
+        from arbiter.services.embedding.encoder import configure_torch, resolve_device
 
         self.torch = torch
         self.device = resolve_device(device)
@@ -132,7 +132,7 @@ def bench_service(
         "EMBEDDING_MAX_BATCH_TEXTS": str(max_batch_texts),
     }  # fmt: skip
     proc = uvicorn_process(
-        "embedding", "services.embedding.app:create_app", port, env=env,
+        "embedding", "arbiter.services.embedding.app:create_app", port, env=env,
         log_path=log_dir / "embedding-bench.log", ready_path="/readyz",
     )  # fmt: skip
     if workers > 1:  # several event loops (and model copies) behind one port
@@ -198,7 +198,7 @@ def bench_service(
 
 
 def main() -> None:
-    from services.embedding.settings import default_model
+    from arbiter.services.embedding.settings import default_model
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--clients", type=int, default=32)

@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from services.embedding.fast_tokenize import FastTokenizer
+    from arbiter.services.embedding.fast_tokenize import FastTokenizer
 
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if dev == "cuda" else torch.float32

@@ -199,7 +199,7 @@ def _stack(
 
         if verify_url is None:
             port = free_port()
-            start(uvicorn_process("verify", "services.verify.app:create_app", port,
+            start(uvicorn_process("verify", "arbiter.services.verify.app:create_app", port,
                                   env={"VERIFY_WORKERS": "2"}, log_path=workdir / "verify.log",
                                   ready_path="/readyz"))  # fmt: skip
             verify_url = f"http://127.0.0.1:{port}"
@@ -214,7 +214,8 @@ def _stack(
         }.items():
             port = free_port()
             env = {**env, "GATEWAY_VERIFY_URL": verify_url, "GATEWAY_LOG_LEVEL": "warning"}
-            proc = start(uvicorn_process(name, "services.gateway.app:create_app", port, env=env,
+            app = "arbiter.services.gateway.app:create_app"
+            proc = start(uvicorn_process(name, app, port, env=env,
                                          log_path=workdir / f"{name}.log"))  # fmt: skip
             assert proc.proc is not None
             pids[name] = proc.proc.pid

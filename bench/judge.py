@@ -34,18 +34,18 @@ from typing import Any
 import httpx
 
 from arbiter.procs import ManagedProcess, free_port, uvicorn_process
-from arbiter.tiny_model import build
-from proto.components import ComponentGroup
-from proto.judge import QualityParams, VerifierParams, VerifierRequest
-from services.judge.parsing import (
+from arbiter.proto.components import ComponentGroup
+from arbiter.proto.judge import QualityParams, VerifierParams, VerifierRequest
+from arbiter.services.judge.parsing import (
     JudgeReplyError,
     first_token_top_logprobs,
     label_probability,
     message_text,
     parse_quality,
 )
-from services.judge.scoring import Judge
-from services.judge.settings import JudgeSettings
+from arbiter.services.judge.scoring import Judge
+from arbiter.services.judge.settings import JudgeSettings
+from arbiter.tiny_model import build
 
 log = logging.getLogger("bench.judge")
 
@@ -288,7 +288,11 @@ def run(
             "JUDGE_CONSTRAIN_LABELS": "true",
         }
         spec = uvicorn_process(
-            "judge", "services.judge.app:create_app", port, env=env, log_path=work / "judge.log"
+            "judge",
+            "arbiter.services.judge.app:create_app",
+            port,
+            env=env,
+            log_path=work / "judge.log",
         )
         judge = _SameSession(spec.name, spec.argv, spec.env, spec.ready_url, spec.log_path)
         procs.append(judge.start())

@@ -7,8 +7,8 @@
    one leaves a model that writes the format but is not yet sure of its sums).
 2. The verify service and the gateway (in-process LRU cache; no Redis on the device) are
    started with uvicorn exactly as in production, on free loopback ports.
-3. ``python -m trainer`` (the real CLI) runs GRPO on the generated problems with the gateway's
-   ``gsm8k`` recipe (math_accuracy 1.0 + format 0.5), evaluating greedy held-out accuracy
+3. ``python -m arbiter.trainer`` (the real CLI) runs GRPO on the generated problems with the
+   gateway's ``gsm8k`` recipe (math_accuracy 1.0 + format 0.5), evaluating greedy held-out accuracy
    through the verify service before, during and after.
 4. The summary (accuracy before/after, GRPO wall time, time split, tokens/s, reward wait as a
    share of step time) goes to ``$OUT/trainer_learn[_TAG].json``; curves, metrics.jsonl and the
@@ -50,13 +50,13 @@ def _services(log_dir: Path, verify_workers: int) -> tuple[list[Any], str]:
 
     vport, gport = free_port(), free_port()
     verify = uvicorn_process(
-        "verify", "services.verify.app:create_app", vport,
+        "verify", "arbiter.services.verify.app:create_app", vport,
         env={"VERIFY_WORKERS": str(verify_workers)}, log_path=log_dir / "verify.log",
     )  # fmt: skip
     _ready(verify, 120)
     env = {"GATEWAY_VERIFY_URL": f"http://127.0.0.1:{vport}"}
     gateway = uvicorn_process(
-        "gateway", "services.gateway.app:create_app", gport, env=env,
+        "gateway", "arbiter.services.gateway.app:create_app", gport, env=env,
         log_path=log_dir / "gateway.log",
     )  # fmt: skip
     os.environ.pop("REDIS_URL", None)  # the gateway falls back to its in-process LRU
@@ -107,7 +107,7 @@ def _summarise(run_dir: Path, wall_s: float) -> dict[str, Any]:
 def _run_trainer(
     a: argparse.Namespace, settings: dict[str, Any], overrides: list[str], tag: str, timeout: int
 ) -> dict[str, Any]:
-    """``python -m trainer --config`` as a subprocess; the run's summary (+ files to $OUT)."""
+    """``python -m arbiter.trainer --config`` as a subprocess; the run's summary (+ $OUT files)."""
     import yaml
 
     run_dir = Path(settings["run_dir"])
@@ -127,7 +127,7 @@ def _run_trainer(
         rc = -9
     wall = time.perf_counter() - t1
     shown = f"torchrun --nproc_per_node {a.nproc}" if a.nproc > 1 else "python"
-    out: dict[str, Any] = {"cmd": f"{shown} -m trainer --config {cfg_path.name}", "rc": rc}
+    out: dict[str, Any] = {"cmd": f"{shown} -m arbiter.trainer --config {cfg_path.name}", "rc": rc}
     if (run_dir / "metrics.jsonl").exists():
         out |= _summarise(run_dir, wall)
         shutil.copy(run_dir / "metrics.jsonl", a.out / f"metrics-{tag}.jsonl")
@@ -170,9 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tag", default="", help="suffix for the files written to --out")
     p.add_argument("overrides", nargs="*", help="extra trainer settings, key=value")
     a = p.parse_args(argv)
-    import services.gateway.app
-    import services.verify.app  # noqa: F401 - fail fast on a missing wheel, before the SFT
-    from trainer.sft import build_base, greedy_accuracy, train_sft, write_dataset
+    import arbiter.services.gateway.app
+    import arbiter.services.verify.app  # noqa: F401 - fail fast on a missing wheel, before the SFT
+    from arbiter.trainer.sft import build_base, greedy_accuracy, train_sft, write_dataset
 
     a.out.mkdir(parents=True, exist_ok=True)
     if a.work.exists():

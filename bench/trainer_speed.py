@@ -68,7 +68,7 @@ def _length_reward(texts: list[str]) -> list[float]:
 
 def _mean_nll(model: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, ids: torch.Tensor,
               mask: torch.Tensor) -> tuple[float, float]:  # fmt: skip
-    from trainer.grpo import completion_logits, token_logprobs
+    from arbiter.trainer.grpo import completion_logits, token_logprobs
 
     with torch.no_grad():
         logits = completion_logits(
@@ -79,7 +79,7 @@ def _mean_nll(model: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, ids: torch.
 
 
 def phase_check(a: ModuleType, tok: Any, dev: str) -> dict[str, Any]:
-    from trainer.generation import Sampler
+    from arbiter.trainer.generation import Sampler
 
     model = a.load_model().eval()
     p_ids, p_mask = _prompts(a, tok, dev)
@@ -97,7 +97,7 @@ def phase_check(a: ModuleType, tok: Any, dev: str) -> dict[str, Any]:
                              do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
                              disable_compile=True, **kw)  # fmt: skip
     hf = out[:, p_ids.shape[1] :]
-    from trainer.generation import completion_mask_from_ids
+    from arbiter.trainer.generation import completion_mask_from_ids
 
     hf_mask = completion_mask_from_ids(hf, tok.eos_token_id)
     res["nll_ours"] = _mean_nll(model, p_ids, p_mask, ours, ours_mask)
@@ -114,7 +114,7 @@ def _check_autocast(
 ) -> dict[str, Any]:
     """fp32 weights under bf16 autocast (the trainer's bf16-mixed): graphs replayed in a later
     autocast context, after an in-place weight update, still equal the eager sampler."""
-    from trainer.generation import Sampler
+    from arbiter.trainer.generation import Sampler
 
     if not torch.cuda.is_available():
         return {}
@@ -179,7 +179,7 @@ def _time_sampler(sampler: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, n: in
 def phase_ours(
     a: ModuleType, tok: Any, dev: str, steps: int, compile_steps: bool = False
 ) -> dict[str, Any]:
-    from trainer.generation import Sampler
+    from arbiter.trainer.generation import Sampler
 
     res: dict[str, Any] = {}
     model = a.load_model()
@@ -207,11 +207,16 @@ def phase_ours(
 
     # full GRPO steps with the trainer's loss code (falls back to an equivalent local copy)
     try:
-        from trainer.grpo import completion_logits, group_advantages, grpo_loss, token_logprobs
+        from arbiter.trainer.grpo import (
+            completion_logits,
+            group_advantages,
+            grpo_loss,
+            token_logprobs,
+        )
 
-        res["loss_code"] = "trainer.grpo (group_advantages, completion_logits, grpo_loss)"
+        res["loss_code"] = "arbiter.trainer.grpo (group_advantages, completion_logits, grpo_loss)"
     except ImportError as e:  # pragma: no cover - only while trainer.grpo is being written
-        raise SystemExit(f"trainer.grpo not importable: {e}") from e
+        raise SystemExit(f"arbiter.trainer.grpo not importable: {e}") from e
     model.train()
     model.config.use_cache = False
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=dev == "cuda")

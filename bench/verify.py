@@ -104,8 +104,8 @@ def baseline(groups: list[dict[str, Any]], processes: int = 2) -> dict[str, floa
 
 def _rule_one(task: tuple[str, str]) -> bool:
     """The service's own rule, in-process: our extraction, then math-verify (no fast path)."""
-    from services.verify.extract import extract_answer, reference_value
-    from services.verify.worker import score_item
+    from arbiter.services.verify.extract import extract_answer, reference_value
+    from arbiter.services.verify.worker import score_item
 
     response, reference = task
     gold, ex = reference_value(reference), extract_answer(response)
@@ -167,7 +167,7 @@ def service(workers: int, fast_path: bool) -> Iterator[str]:
     log_path = Path(tempfile.gettempdir()) / f"bench-verify-{port}.log"
     env = {"VERIFY_WORKERS": str(workers), "VERIFY_FAST_PATH": str(fast_path).lower()}
     proc = uvicorn_process(
-        "verify", "services.verify.app:create_app", port, env=env, log_path=log_path
+        "verify", "arbiter.services.verify.app:create_app", port, env=env, log_path=log_path
     )
     proc.start()
     try:

@@ -12,7 +12,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import Field
 
-from proto.common import ArbiterModel
+from arbiter.proto.common import ArbiterModel
 
 MAX_GROUPS = 1024
 MAX_RESPONSES = 256

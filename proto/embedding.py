@@ -11,8 +11,8 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
-from proto.common import ArbiterModel
-from proto.components import MAX_TEXT_CHARS, ComponentRequest, ComponentResponse
+from arbiter.proto.common import ArbiterModel
+from arbiter.proto.components import MAX_TEXT_CHARS, ComponentRequest, ComponentResponse
 
 # Hard cap of the wire model (OpenAI's own limit); the service's setting
 # EMBEDDING_MAX_INPUTS may lower it further.

@@ -6,8 +6,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from proto.common import ArbiterModel
-from proto.components import MAX_GROUPS, MAX_RESPONSES, MAX_TEXT_CHARS, ErrorKind
+from arbiter.proto.common import ArbiterModel
+from arbiter.proto.components import MAX_GROUPS, MAX_RESPONSES, MAX_TEXT_CHARS, ErrorKind
 
 
 class RecipeComponent(ArbiterModel):

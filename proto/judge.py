@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from proto.common import ArbiterModel
-from proto.components import ComponentRequest
+from arbiter.proto.common import ArbiterModel
+from arbiter.proto.components import ComponentRequest
 
 QUALITY_DIMENSIONS = ("correctness", "reasoning", "clarity", "overall")
 

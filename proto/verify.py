@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from proto.common import ArbiterModel
-from proto.components import ComponentRequest
+from arbiter.proto.common import ArbiterModel
+from arbiter.proto.components import ComponentRequest
 
 
 class MathParams(ArbiterModel):

@@ -57,7 +57,7 @@ def start_service(
     port = free_port()
     proc = uvicorn_process(
         name,
-        f"services.{name}.app:create_app",
+        f"arbiter.services.{name}.app:create_app",
         port,
         env=env,
         log_path=log_dir / f"{name}-{port}.log",

@@ -1,16 +1,16 @@
-"""``python -m trainer --config CONFIG.yaml [key=value ...]`` (also under ``torchrun``)."""
+"""``python -m arbiter.trainer --config CONFIG.yaml [key=value ...]`` (also under ``torchrun``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from trainer.config import ConfigError, TrainerConfig, help_text
+from arbiter.trainer.config import ConfigError, TrainerConfig, help_text
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m trainer",
+        prog="python -m arbiter.trainer",
         description="GRPO trainer scoring rollout groups through the Arbiter gateway.",
         epilog="Overrides: key=value (YAML values), e.g. steps=50 beta=0.04 pipeline=true.",
     )
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.exit(2, f"config error: {e}\n")
     import torch.distributed as dist
 
-    from trainer.loop import train
+    from arbiter.trainer.loop import train
 
     try:
         train(cfg)

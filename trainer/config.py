@@ -207,7 +207,7 @@ class TrainerConfig:
                     '{"components": [{"name": "math_accuracy", "weight": 1.0}]}.'
                 )
             if isinstance(r, dict):
-                from proto.gateway import Recipe
+                from arbiter.proto.gateway import Recipe
 
                 try:
                     Recipe.model_validate(r)
@@ -240,7 +240,8 @@ class TrainerConfig:
         unknown = sorted(set(values) - set(known))
         if unknown:
             raise ConfigError(
-                f"unknown setting(s) {unknown}; see `python -m trainer --help-config` for the list."
+                f"unknown setting(s) {unknown}; "
+                "see `python -m arbiter.trainer --help-config` for the list."
             )
         return cls(**values)
 

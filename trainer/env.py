@@ -22,8 +22,8 @@ from typing import Any, Protocol
 
 import torch
 
-from trainer.data import Problem, chat_messages, render_prompt
-from trainer.rollout import Rollout, collate, generate, single_turn
+from arbiter.trainer.data import Problem, chat_messages, render_prompt
+from arbiter.trainer.rollout import Rollout, collate, generate, single_turn
 
 CALC_INSTRUCTION = (
     "Solve the math problem. Reason step by step inside <think>...</think>, then give only "

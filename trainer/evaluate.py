@@ -10,12 +10,12 @@ from typing import Any
 
 import torch
 
-from proto.gateway import ScoreGroup
-from trainer.config import TrainerConfig
-from trainer.data import Problem
-from trainer.env import rollout_batch
-from trainer.rewards import RewardClient
-from trainer.setup import Dist
+from arbiter.proto.gateway import ScoreGroup
+from arbiter.trainer.config import TrainerConfig
+from arbiter.trainer.data import Problem
+from arbiter.trainer.env import rollout_batch
+from arbiter.trainer.rewards import RewardClient
+from arbiter.trainer.setup import Dist
 
 
 @torch.no_grad()

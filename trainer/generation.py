@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from trainer import decoder
-from trainer.sampling import (
+from arbiter.trainer import decoder
+from arbiter.trainer.sampling import (
     _choose,
     _seeded,
     completion_mask_from_ids,

@@ -12,8 +12,8 @@ With ``pipeline=true`` batch k+1 is generated while batch k's rewards are in fli
 batch k is then trained one update later than it was sampled, and the importance ratio
 against its behaviour log-probs corrects for that.
 
-    python -m trainer --config configs/tiny-cpu.yaml model=/tmp/tiny steps=20
-    torchrun --nproc_per_node 2 -m trainer --config configs/qwen2.5-1.5b-gsm8k.yaml
+    python -m arbiter.trainer --config configs/tiny-cpu.yaml model=/tmp/tiny steps=20
+    torchrun --nproc_per_node 2 -m arbiter.trainer --config configs/qwen2.5-1.5b-gsm8k.yaml
 """
 
 from __future__ import annotations
@@ -27,17 +27,17 @@ from typing import Any
 
 import torch
 
-from proto.gateway import ScoreGroup
-from trainer import checkpoint
-from trainer.config import TrainerConfig
-from trainer.data import batch_indices, load_problems
-from trainer.env import rollout_batch
-from trainer.evaluate import evaluate
-from trainer.grpo import build_optimizer, group_advantages
-from trainer.metrics import RunLogger, plot_curves, reduce_record, step_metrics
-from trainer.rewards import BatchRewards, RewardClient, RewardsUnavailable
-from trainer.rollout import Rollout, sequence_logprobs
-from trainer.setup import (
+from arbiter.proto.gateway import ScoreGroup
+from arbiter.trainer import checkpoint
+from arbiter.trainer.config import TrainerConfig
+from arbiter.trainer.data import batch_indices, load_problems
+from arbiter.trainer.env import rollout_batch
+from arbiter.trainer.evaluate import evaluate
+from arbiter.trainer.grpo import build_optimizer, group_advantages
+from arbiter.trainer.metrics import RunLogger, plot_curves, reduce_record, step_metrics
+from arbiter.trainer.rewards import BatchRewards, RewardClient, RewardsUnavailable
+from arbiter.trainer.rollout import Rollout, sequence_logprobs
+from arbiter.trainer.setup import (
     init_distributed,
     load_model,
     load_tokenizer,
@@ -45,7 +45,7 @@ from trainer.setup import (
     resolve_precision,
     setup_logging,
 )
-from trainer.update import train_on_batch
+from arbiter.trainer.update import train_on_batch
 
 log = logging.getLogger("trainer")
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from trainer.grpo import group_std_is_zero
-from trainer.rewards import BatchRewards
-from trainer.rollout import Rollout
+from arbiter.trainer.grpo import group_std_is_zero
+from arbiter.trainer.rewards import BatchRewards
+from arbiter.trainer.rollout import Rollout
 
 log = logging.getLogger("trainer")
 

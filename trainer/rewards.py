@@ -25,7 +25,7 @@ from typing import Any
 
 import httpx
 
-from proto.gateway import Recipe, ScoreGroup, ScoreRequest, ScoreResponse
+from arbiter.proto.gateway import Recipe, ScoreGroup, ScoreRequest, ScoreResponse
 
 log = logging.getLogger(__name__)
 

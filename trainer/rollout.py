@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
-from trainer import generation
-from trainer.data import Problem, chat_messages, render_prompt
-from trainer.grpo import completion_logits, token_logprobs
+from arbiter.trainer import generation
+from arbiter.trainer.data import Problem, chat_messages, render_prompt
+from arbiter.trainer.grpo import completion_logits, token_logprobs
 
 
 @dataclass

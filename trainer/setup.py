@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from trainer.config import TrainerConfig
+from arbiter.trainer.config import TrainerConfig
 
 log = logging.getLogger("trainer")
 

@@ -21,8 +21,8 @@ With ``slip_rate=0`` (only correct demonstrations, the default) and a 200-step S
 (24 % held-out), GRPO at lr 5e-5 with a KL term to the warm start reached 59 % in 7.5 minutes
 on an H200; at lr 3e-4 it made the model worse. See the README's "Trainer on the GPU".
 
-    python -m trainer.sft data OUT_DIR [--train 20000 --test 500 --slip-rate 0.6]
-    python -m trainer.sft train OUT_MODEL_DIR --data DATA_DIR [--steps 2500 --hidden 256 ...]
+    python -m arbiter.trainer.sft data OUT_DIR [--train 20000 --test 500 --slip-rate 0.6]
+    python -m arbiter.trainer.sft train OUT_MODEL_DIR --data DATA_DIR [--steps 2500 ...]
 """
 
 from __future__ import annotations
@@ -141,7 +141,7 @@ def write_dataset(
 
 def _examples(data_dir: Path, tokenizer: Any, limit: int) -> list[tuple[list[int], list[int]]]:
     """(prompt ids, target ids + EOS) pairs, prompts rendered as the trainer renders them."""
-    from trainer.data import chat_messages, render_prompt
+    from arbiter.trainer.data import chat_messages, render_prompt
 
     prompts, targets = [], []
     marker = "\x00QUESTION\x00"  # render the chat template once, then substitute
@@ -265,8 +265,8 @@ def answers_right(
     value exactly the reference? A local check, without the verify service."""
     import re
 
-    from trainer.data import chat_messages, render_prompt
-    from trainer.generation import sample
+    from arbiter.trainer.data import chat_messages, render_prompt
+    from arbiter.trainer.generation import sample
 
     prompts = [render_prompt(tokenizer, chat_messages(p.question)) for p in problems]
     tokenizer.padding_side = "left"
@@ -299,7 +299,7 @@ def greedy_accuracy(
     split: str = "test",
 ) -> float:
     """Quick local check (exact match of the <answer> value), without the verify service."""
-    from trainer.data import load_problems
+    from arbiter.trainer.data import load_problems
 
     problems = load_problems(data_dir / f"{split}.jsonl", n)
     right = answers_right(model, tokenizer, problems, max_new_tokens=max_new_tokens)

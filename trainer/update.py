@@ -11,9 +11,9 @@ from typing import Any
 
 import torch
 
-from trainer.config import TrainerConfig
-from trainer.grpo import completion_logits, grpo_loss, token_entropy, token_logprobs
-from trainer.rollout import Rollout, autocast
+from arbiter.trainer.config import TrainerConfig
+from arbiter.trainer.grpo import completion_logits, grpo_loss, token_entropy, token_logprobs
+from arbiter.trainer.rollout import Rollout, autocast
 
 
 def train_on_batch(

@@ -19,8 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from proto.common import ErrorBody, ErrorResponse, ErrorType, Health, Readiness
-from services.common.errors import ArbiterError
+from arbiter.proto.common import ErrorBody, ErrorResponse, ErrorType, Health, Readiness
+from arbiter.services.common.errors import ArbiterError
 
 log = logging.getLogger("arbiter")
 

@@ -7,7 +7,7 @@ envelope ``{"error": {"type", "message", "param", "code"}}``.
 
 from __future__ import annotations
 
-from proto.common import ErrorBody, ErrorResponse, ErrorType
+from arbiter.proto.common import ErrorBody, ErrorResponse, ErrorType
 
 
 class ArbiterError(Exception):

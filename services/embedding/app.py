@@ -13,10 +13,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from services.common.app import create_service_app
-from services.embedding.routes import router
-from services.embedding.scoring import EmbeddingHandler
-from services.embedding.settings import EmbeddingSettings, get_settings
+from arbiter.services.common.app import create_service_app
+from arbiter.services.embedding.routes import router
+from arbiter.services.embedding.scoring import EmbeddingHandler
+from arbiter.services.embedding.settings import EmbeddingSettings, get_settings
 
 log = logging.getLogger("arbiter.embedding")
 

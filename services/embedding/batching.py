@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.embedding.encoder import Encoded
+from arbiter.services.embedding.encoder import Encoded
 
 log = logging.getLogger("arbiter.embedding")
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from services.embedding.fast_tokenize import FastTokenizer
-from services.embedding.settings import EmbeddingSettings
+from arbiter.services.embedding.fast_tokenize import FastTokenizer
+from arbiter.services.embedding.settings import EmbeddingSettings
 
 log = logging.getLogger("arbiter.embedding")
 

@@ -20,8 +20,8 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
-from services.embedding.encoder import Encoded, Encoder
-from services.embedding.settings import EmbeddingSettings
+from arbiter.services.embedding.encoder import Encoded, Encoder
+from arbiter.services.embedding.settings import EmbeddingSettings
 
 log = logging.getLogger("arbiter.embedding")
 

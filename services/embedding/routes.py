@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from proto.components import ComponentResponse
-from proto.embedding import DiversityRequest, EmbeddingRequest, EmbeddingResponse, ModelList
-from services.embedding.scoring import EmbeddingHandler
+from arbiter.proto.components import ComponentResponse
+from arbiter.proto.embedding import DiversityRequest, EmbeddingRequest, EmbeddingResponse, ModelList
+from arbiter.services.embedding.scoring import EmbeddingHandler
 
 router = APIRouter(prefix="/v1", tags=["embedding"])
 

@@ -25,8 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from proto.components import ComponentGroupResult, ComponentResponse, ComponentUsage, ItemError
-from proto.embedding import (
+from arbiter.proto.components import (
+    ComponentGroupResult,
+    ComponentResponse,
+    ComponentUsage,
+    ItemError,
+)
+from arbiter.proto.embedding import (
     DiversityNormalize,
     DiversityRequest,
     EmbeddingData,
@@ -36,11 +41,11 @@ from proto.embedding import (
     ModelCard,
     ModelList,
 )
-from services.common.errors import BadRequest, NotFound, RateLimited, Unavailable
-from services.embedding.batching import DynamicBatcher, QueueFull
-from services.embedding.encoder import Encoded, Encoder
-from services.embedding.encoder_process import ProcessEncoder
-from services.embedding.settings import EmbeddingSettings
+from arbiter.services.common.errors import BadRequest, NotFound, RateLimited, Unavailable
+from arbiter.services.embedding.batching import DynamicBatcher, QueueFull
+from arbiter.services.embedding.encoder import Encoded, Encoder
+from arbiter.services.embedding.encoder_process import ProcessEncoder
+from arbiter.services.embedding.settings import EmbeddingSettings
 
 log = logging.getLogger("arbiter.embedding")
 

@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from proto.embedding import MAX_EMBEDDING_INPUTS
-from services.common.settings import ServiceSettings
+from arbiter.proto.embedding import MAX_EMBEDDING_INPUTS
+from arbiter.services.common.settings import ServiceSettings
 
 FALLBACK_MODEL = "sentence-transformers/all-MiniLM-L6-v2"
 

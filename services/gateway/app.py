@@ -11,13 +11,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from services.common.app import create_service_app, validation_response
-from services.gateway.cache import Cache, LRUCache, NullCache, RedisCache
-from services.gateway.fanout import ComponentClient
-from services.gateway.recipes import RecipeBook
-from services.gateway.routes import router
-from services.gateway.scoring import Scorer
-from services.gateway.settings import GatewaySettings, get_settings
+from arbiter.services.common.app import create_service_app, validation_response
+from arbiter.services.gateway.cache import Cache, LRUCache, NullCache, RedisCache
+from arbiter.services.gateway.fanout import ComponentClient
+from arbiter.services.gateway.recipes import RecipeBook
+from arbiter.services.gateway.routes import router
+from arbiter.services.gateway.scoring import Scorer
+from arbiter.services.gateway.settings import GatewaySettings, get_settings
 
 log = logging.getLogger("arbiter.gateway")
 

@@ -20,8 +20,8 @@ from prometheus_client import Counter
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
-from proto.gateway import ScoreGroup
-from services.gateway.recipes import BoundComponent
+from arbiter.proto.gateway import ScoreGroup
+from arbiter.services.gateway.recipes import BoundComponent
 
 log = logging.getLogger("arbiter.gateway.cache")
 

@@ -20,10 +20,10 @@ import httpx
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
-from proto.components import ComponentResponse
-from services.gateway.recipes import ComponentSpec
-from services.gateway.settings import SERVICES, GatewaySettings
-from services.gateway.transport import LeanTransport
+from arbiter.proto.components import ComponentResponse
+from arbiter.services.gateway.recipes import ComponentSpec
+from arbiter.services.gateway.settings import SERVICES, GatewaySettings
+from arbiter.services.gateway.transport import LeanTransport
 
 log = logging.getLogger("arbiter.gateway.fanout")
 

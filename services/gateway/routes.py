@@ -8,8 +8,8 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 from starlette.background import BackgroundTask
 
-from proto.gateway import RecipeList, ScoreRequest, ScoreResponse
-from services.gateway.scoring import Scorer
+from arbiter.proto.gateway import RecipeList, ScoreRequest, ScoreResponse
+from arbiter.services.gateway.scoring import Scorer
 
 router = APIRouter(tags=["score"])
 

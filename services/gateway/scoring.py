@@ -18,12 +18,12 @@ from typing import Any, NamedTuple
 
 from prometheus_client import Counter
 
-from proto.gateway import ScoreGroup, ScoreRequest
-from services.common.app import NON_BLOCKING_PREFIXES
-from services.common.errors import Unavailable, Unprocessable, UpstreamTimeout
-from services.gateway.cache import Cache, cache_keys
-from services.gateway.fanout import CallFailure, CallResult, ComponentClient, env_var
-from services.gateway.recipes import BoundComponent, RecipeBook, ResolvedRecipe
+from arbiter.proto.gateway import ScoreGroup, ScoreRequest
+from arbiter.services.common.app import NON_BLOCKING_PREFIXES
+from arbiter.services.common.errors import Unavailable, Unprocessable, UpstreamTimeout
+from arbiter.services.gateway.cache import Cache, cache_keys
+from arbiter.services.gateway.fanout import CallFailure, CallResult, ComponentClient, env_var
+from arbiter.services.gateway.recipes import BoundComponent, RecipeBook, ResolvedRecipe
 
 REQUESTS = Counter(
     "arbiter_gateway_score_requests_total", "POST /v1/score by recipe and outcome.",

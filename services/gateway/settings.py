@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.common.settings import ServiceSettings
+from arbiter.services.common.settings import ServiceSettings
 
 SERVICES = ("verify", "embedding", "judge")
 
@@ -116,7 +116,7 @@ class GatewaySettings(ServiceSettings):
     @field_validator("component_urls")
     @classmethod
     def _component_urls(cls, value: dict[str, str]) -> dict[str, str]:
-        from services.gateway.recipes import COMPONENTS
+        from arbiter.services.gateway.recipes import COMPONENTS
 
         out = {}
         for name, url in value.items():
@@ -132,7 +132,7 @@ class GatewaySettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _timeouts(self) -> GatewaySettings:
-        from services.gateway.recipes import COMPONENTS
+        from arbiter.services.gateway.recipes import COMPONENTS
 
         for name, seconds in self.component_timeouts.items():
             if name not in COMPONENTS:

@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from services.common.app import create_service_app
-from services.judge.routes import router
-from services.judge.scoring import Judge
-from services.judge.settings import JudgeSettings, get_settings
+from arbiter.services.common.app import create_service_app
+from arbiter.services.judge.routes import router
+from arbiter.services.judge.scoring import Judge
+from arbiter.services.judge.settings import JudgeSettings, get_settings
 
 log = logging.getLogger("arbiter.judge")
 

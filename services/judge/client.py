@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 from prometheus_client import Counter, Histogram
 
-from proto.components import ErrorKind
-from services.judge.settings import JudgeSettings
+from arbiter.proto.components import ErrorKind
+from arbiter.services.judge.settings import JudgeSettings
 
 log = logging.getLogger("arbiter.judge")
 

@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from proto.components import ErrorKind
-from proto.judge import QUALITY_DIMENSIONS
+from arbiter.proto.components import ErrorKind
+from arbiter.proto.judge import QUALITY_DIMENSIONS
 
 MASKED_LOGPROB = -9000.0  # vLLM reports grammar-blocked tokens at -9999.0
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL | re.IGNORECASE)

@@ -6,9 +6,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 
-from proto.components import ComponentResponse
-from proto.judge import QualityRequest, VerifierRequest
-from services.judge.scoring import Judge
+from arbiter.proto.components import ComponentResponse
+from arbiter.proto.judge import QualityRequest, VerifierRequest
+from arbiter.services.judge.scoring import Judge
 
 router = APIRouter(prefix="/v1", tags=["judge"])
 

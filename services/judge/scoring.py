@@ -21,17 +21,17 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from proto.components import (
+from arbiter.proto.components import (
     ComponentGroup,
     ComponentGroupResult,
     ComponentResponse,
     ErrorKind,
     ItemError,
 )
-from proto.components import ComponentUsage as Usage
-from proto.judge import QUALITY_DIMENSIONS, QualityParams, QualityRequest, VerifierRequest
-from services.judge.client import ChatClient, UpstreamError, UpstreamRejected
-from services.judge.parsing import (
+from arbiter.proto.components import ComponentUsage as Usage
+from arbiter.proto.judge import QUALITY_DIMENSIONS, QualityParams, QualityRequest, VerifierRequest
+from arbiter.services.judge.client import ChatClient, UpstreamError, UpstreamRejected
+from arbiter.services.judge.parsing import (
     JudgeReplyError,
     first_token_top_logprobs,
     label_probability,
@@ -39,7 +39,7 @@ from services.judge.parsing import (
     parse_quality,
     usage_tokens,
 )
-from services.judge.settings import JudgeSettings
+from arbiter.services.judge.settings import JudgeSettings
 
 log = logging.getLogger("arbiter.judge")
 

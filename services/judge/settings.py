@@ -8,7 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.common.settings import ServiceSettings
+from arbiter.services.common.settings import ServiceSettings
 
 
 class JudgeSettings(ServiceSettings):

@@ -8,10 +8,10 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from services.common.app import create_service_app
-from services.verify.routes import router
-from services.verify.scoring import Verifier
-from services.verify.settings import VerifySettings, get_settings
+from arbiter.services.common.app import create_service_app
+from arbiter.services.verify.routes import router
+from arbiter.services.verify.scoring import Verifier
+from arbiter.services.verify.settings import VerifySettings, get_settings
 
 log = logging.getLogger("arbiter.verify")
 

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from proto.verify import FormatParams
+from arbiter.proto.verify import FormatParams
 
 
 @dataclass(frozen=True)

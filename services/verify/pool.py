@@ -30,7 +30,7 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from services.verify.worker import Item, ItemResult, worker_main
+from arbiter.services.verify.worker import Item, ItemResult, worker_main
 
 log = logging.getLogger("arbiter.verify.pool")
 
@@ -79,7 +79,7 @@ class WorkerPool:
         self.max_chunk = max_chunk
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
-            self._ctx.set_forkserver_preload(["services.verify.worker"])
+            self._ctx.set_forkserver_preload(["arbiter.services.verify.worker"])
         self._queue: deque[Job] = deque()
         self._has_work = asyncio.Event()
         self._workers: list[_Worker | None] = [None] * size

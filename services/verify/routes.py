@@ -7,9 +7,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
-from proto.components import ComponentResponse
-from proto.verify import FormatRequest, MathRequest
-from services.verify.scoring import Verifier
+from arbiter.proto.components import ComponentResponse
+from arbiter.proto.verify import FormatRequest, MathRequest
+from arbiter.services.verify.scoring import Verifier
 
 router = APIRouter(prefix="/v1", tags=["verify"])
 

@@ -15,10 +15,15 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
-from proto.components import ComponentGroupResult, ComponentResponse, ComponentUsage, ItemError
-from proto.verify import FormatRequest, MathRequest
-from services.common.errors import PayloadTooLarge
-from services.verify.extract import (
+from arbiter.proto.components import (
+    ComponentGroupResult,
+    ComponentResponse,
+    ComponentUsage,
+    ItemError,
+)
+from arbiter.proto.verify import FormatRequest, MathRequest
+from arbiter.services.common.errors import PayloadTooLarge
+from arbiter.services.verify.extract import (
     INFO_CHARS,
     Extraction,
     Number,
@@ -27,10 +32,10 @@ from services.verify.extract import (
     reference_value,
     to_number,
 )
-from services.verify.formatting import format_score
-from services.verify.pool import WorkerPool
-from services.verify.settings import VerifySettings
-from services.verify.worker import Item, ItemResult, score_item
+from arbiter.services.verify.formatting import format_score
+from arbiter.services.verify.pool import WorkerPool
+from arbiter.services.verify.settings import VerifySettings
+from arbiter.services.verify.worker import Item, ItemResult, score_item
 
 log = logging.getLogger("arbiter.verify")
 

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from services.common.settings import ServiceSettings
+from arbiter.services.common.settings import ServiceSettings
 
 
 class VerifySettings(ServiceSettings):

@@ -22,7 +22,7 @@ from typing import Any
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
-from services.verify.extract import latex_wrap, looks_like_text, numbers_equal, to_number
+from arbiter.services.verify.extract import latex_wrap, looks_like_text, numbers_equal, to_number
 
 # (score, error kind, message): score None ⇔ kind set.
 ItemResult = tuple[float | None, str | None, str]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from arbiter.trainer.sft import _add, _mul, _sub, _two_step, build_base, train_sft, write_dataset
 from bench.arith_probe import kind_of, probe
-from trainer.sft import _add, _mul, _sub, _two_step, build_base, train_sft, write_dataset
 
 
 def test_kind_of_names_each_generator() -> None:

@@ -64,9 +64,9 @@ class ServiceSettingsInfo:
 
 def settings_class(service: str) -> type[Any]:
     """The ServiceSettings subclass defined in services/<service>/settings.py."""
-    from services.common.settings import ServiceSettings
+    from arbiter.services.common.settings import ServiceSettings
 
-    module = importlib.import_module(f"services.{service}.settings")
+    module = importlib.import_module(f"arbiter.services.{service}.settings")
     classes = [
         obj
         for obj in vars(module).values()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.gateway.recipes import RecipeBook
+from arbiter.services.gateway.recipes import RecipeBook
 from tests.deploy.deployfiles import (
     COMPOSE,
     ENV_EXAMPLE,

@@ -103,14 +103,14 @@ def build_app(service: str, info: ServiceSettingsInfo, env: dict[str, str], wher
             settings = cls()
         except Exception as exc:
             pytest.fail(f"{where}: {cls.__name__} rejects the deployed values {env}:\n{exc}")
-    app = import_module(f"services.{service}.app").create_app(settings)
+    app = import_module(f"arbiter.services.{service}.app").create_app(settings)
     return {getattr(r, "path", None) for r in app.routes}
 
 
 def expected_cmd(service: str, port: int) -> list[str]:
     return [
         "uvicorn",
-        f"services.{service}.app:create_app",
+        f"arbiter.services.{service}.app:create_app",
         "--factory",
         "--host",
         "0.0.0.0",
@@ -258,11 +258,11 @@ def test_k8s_deployment_agrees_with_settings(
 
 
 def test_trainer_image_and_compose_command_name_real_config(compose: Any, dockerfile: Any) -> None:
-    from trainer.config import TrainerConfig
+    from arbiter.trainer.config import TrainerConfig
 
     _, stages = dockerfile
     trainer = stages["trainer"]
-    assert trainer.exec_form("ENTRYPOINT") == ["python", "-m", "trainer"]
+    assert trainer.exec_form("ENTRYPOINT") == ["python", "-m", "arbiter.trainer"]
     image_cmd = trainer.exec_form("CMD")
     assert image_cmd[0] == "--config" and (REPO / image_cmd[1]).is_file(), image_cmd
     assert trainer.all("HEALTHCHECK") == ["NONE"], "a batch job has no health endpoint"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.__main__ import main
-from trainer.config import ConfigError, TrainerConfig, help_text
+from arbiter.trainer.__main__ import main
+from arbiter.trainer.config import ConfigError, TrainerConfig, help_text
 
 REPO = Path(__file__).resolve().parents[2]
 

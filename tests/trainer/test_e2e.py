@@ -17,11 +17,11 @@ import torch
 from safetensors.torch import load_file
 
 from arbiter.procs import free_port
-from proto.gateway import ScoreGroup
-from trainer.config import TrainerConfig
-from trainer.grpo import group_advantages
-from trainer.loop import train
-from trainer.rewards import RewardClient, RewardRequestError
+from arbiter.proto.gateway import ScoreGroup
+from arbiter.trainer.config import TrainerConfig
+from arbiter.trainer.grpo import group_advantages
+from arbiter.trainer.loop import train
+from arbiter.trainer.rewards import RewardClient, RewardRequestError
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.data import Problem, reference_of
-from trainer.env import CalculatorEnv, safe_eval
+from arbiter.trainer.data import Problem, reference_of
+from arbiter.trainer.env import CalculatorEnv, safe_eval
 
 PROBLEM = Problem(id="p", question="What is 12 times 7?", reference="84")
 

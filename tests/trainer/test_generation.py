@@ -1,4 +1,4 @@
-"""trainer.generation on CPU with the tiny Qwen2: exact against HF generate, masks, seeding.
+"""arbiter.trainer.generation on CPU with the tiny Qwen2: exact against HF generate, masks, seeding.
 
 The CUDA-graph path runs the same functional forward as the CPU path here; the GPU speed and
 graph replay are exercised by bench/trainer_speed.py on the lent GPU.
@@ -13,7 +13,13 @@ import pytest
 import torch
 
 from arbiter.tiny_model import build
-from trainer.generation import Sampler, _choose, completion_mask_from_ids, sample, sampling_probs
+from arbiter.trainer.generation import (
+    Sampler,
+    _choose,
+    completion_mask_from_ids,
+    sample,
+    sampling_probs,
+)
 
 PROMPTS = [
     "What is 12 + 7? Think first.",

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from trainer.grpo import group_advantages, group_std_is_zero, grpo_loss
+from arbiter.trainer.grpo import group_advantages, group_std_is_zero, grpo_loss
 
 NAN = math.nan
 S3 = math.sqrt(1 / 3)  # unbiased std of [1, 0, 1]

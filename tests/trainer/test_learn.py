@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer.config import TrainerConfig
-from trainer.loop import train
+from arbiter.trainer.config import TrainerConfig
+from arbiter.trainer.loop import train
 
 
 def test_mean_reward_rises_on_toy_task(

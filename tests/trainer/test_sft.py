@@ -1,4 +1,4 @@
-"""trainer.sft: the generated problems and the warm-start demonstrations (CPU, no model)."""
+"""arbiter.trainer.sft: the generated problems and the warm-start demonstrations (CPU, no model)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.data import load_problems
-from trainer.sft import KINDS, make_problem, write_dataset
+from arbiter.trainer.data import load_problems
+from arbiter.trainer.sft import KINDS, make_problem, write_dataset
 
 
 def _value(expr: str) -> int:

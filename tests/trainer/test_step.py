@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer.config import TrainerConfig
-from trainer.data import Problem
-from trainer.env import Step, multi_turn
-from trainer.grpo import build_optimizer, completion_logits, grpo_loss, token_logprobs
-from trainer.rollout import single_turn
-from trainer.setup import Dist, load_model, load_tokenizer
-from trainer.update import train_on_batch
+from arbiter.trainer.config import TrainerConfig
+from arbiter.trainer.data import Problem
+from arbiter.trainer.env import Step, multi_turn
+from arbiter.trainer.grpo import build_optimizer, completion_logits, grpo_loss, token_logprobs
+from arbiter.trainer.rollout import single_turn
+from arbiter.trainer.setup import Dist, load_model, load_tokenizer
+from arbiter.trainer.update import train_on_batch
 
 PROBLEMS = [
     Problem(id=f"p{i}", question=f"What is {i} + {i}?", reference=str(2 * i)) for i in range(2)
@@ -72,7 +72,7 @@ def test_one_step_changes_every_parameter(tiny_model: Path, overrides: dict[str,
     roll = single_turn(policy, tok, PROBLEMS, **_common())  # type: ignore[arg-type]
     if cfg.beta > 0:
         ref = load_model(tiny_model, torch.device("cpu"), "fp32", trainable=False)
-        from trainer.rollout import sequence_logprobs
+        from arbiter.trainer.rollout import sequence_logprobs
 
         roll.ref_logps = sequence_logprobs(ref, roll, 4, "fp32")
         roll.old_logps = sequence_logprobs(policy, roll, 4, "fp32")

@@ -12,8 +12,8 @@ import zlib
 import numpy as np
 import pytest
 
-from services.embedding.batching import DynamicBatcher, QueueFull
-from services.embedding.encoder import Encoded
+from arbiter.services.embedding.batching import DynamicBatcher, QueueFull
+from arbiter.services.embedding.encoder import Encoded
 
 
 def vector_of(text: str) -> np.ndarray:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from services.embedding.encoder import Encoder
-from services.embedding.settings import EmbeddingSettings
+from arbiter.services.embedding.encoder import Encoder
+from arbiter.services.embedding.settings import EmbeddingSettings
 
 
 @pytest.fixture(scope="module")

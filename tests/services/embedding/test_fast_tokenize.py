@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from services.embedding.encoder import Encoder
-from services.embedding.fast_tokenize import PROBES, FastTokenizer, same
-from services.embedding.settings import EmbeddingSettings
+from arbiter.services.embedding.encoder import Encoder
+from arbiter.services.embedding.fast_tokenize import PROBES, FastTokenizer, same
+from arbiter.services.embedding.settings import EmbeddingSettings
 
 
 @pytest.fixture(scope="module")

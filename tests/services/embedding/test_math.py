@@ -7,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from services.embedding.encoder import plan_chunks
-from services.embedding.scoring import diversity_scores, normalize_scores
+from arbiter.services.embedding.encoder import plan_chunks
+from arbiter.services.embedding.scoring import diversity_scores, normalize_scores
 
 
 def reference_diversity(vectors: np.ndarray) -> np.ndarray:

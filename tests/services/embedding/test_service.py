@@ -12,7 +12,7 @@ import numpy as np
 import openai
 import pytest
 
-from services.embedding.scoring import diversity_scores, normalize_scores
+from arbiter.services.embedding.scoring import diversity_scores, normalize_scores
 from tests.services.embedding.conftest import MAX_INPUTS
 
 MODEL = "all-MiniLM-L6-v2"

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from services.embedding.settings import EmbeddingSettings
+from arbiter.services.embedding.settings import EmbeddingSettings
 from tests.conftest import start_service
 
 BAD_SETTINGS = [

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from proto.gateway import Recipe, RecipeComponent
-from services.common.errors import Unprocessable
-from services.gateway.recipes import BUILTIN_RECIPES, RecipeBook, fingerprint
-from services.gateway.settings import GatewaySettings
+from arbiter.proto.gateway import Recipe, RecipeComponent
+from arbiter.services.common.errors import Unprocessable
+from arbiter.services.gateway.recipes import BUILTIN_RECIPES, RecipeBook, fingerprint
+from arbiter.services.gateway.settings import GatewaySettings
 
 # Pinned: a change here means every training run's recorded reward identity changes.
 GSM8K_FINGERPRINT = "sha256:559a20ae6f6de68013acefbc081155aed86c9f0eb77c36c105aa57ad6bd398f0"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from arbiter.procs import free_port
-from services.gateway.transport import LeanTransport
+from arbiter.services.gateway.transport import LeanTransport
 from tests.services.gateway.conftest import RawServer
 
 LIMITS = httpx.Limits(max_connections=8, max_keepalive_connections=8, keepalive_expiry=4.0)

@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 
-from proto.components import ComponentGroup
-from proto.judge import QualityParams, VerifierParams, VerifierRequest
-from services.judge.scoring import Judge
-from services.judge.settings import JudgeSettings
+from arbiter.proto.components import ComponentGroup
+from arbiter.proto.judge import QualityParams, VerifierParams, VerifierRequest
+from arbiter.services.judge.scoring import Judge
+from arbiter.services.judge.settings import JudgeSettings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 GROUP = ComponentGroup(

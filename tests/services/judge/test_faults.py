@@ -15,10 +15,10 @@ import pytest
 from prometheus_client import REGISTRY
 
 from arbiter.procs import free_port
-from proto.components import ComponentGroup
-from proto.judge import QualityParams, QualityRequest, VerifierParams, VerifierRequest
-from services.judge.scoring import Judge
-from services.judge.settings import JudgeSettings
+from arbiter.proto.components import ComponentGroup
+from arbiter.proto.judge import QualityParams, QualityRequest, VerifierParams, VerifierRequest
+from arbiter.services.judge.scoring import Judge
+from arbiter.services.judge.settings import JudgeSettings
 from tests.conftest import start_service
 from tests.services.judge.conftest import judge_env
 

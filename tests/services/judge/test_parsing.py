@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from services.judge.client import _error_text
-from services.judge.parsing import (
+from arbiter.services.judge.client import _error_text
+from arbiter.services.judge.parsing import (
     JudgeReplyError,
     first_token_top_logprobs,
     label_probability,
@@ -20,7 +20,7 @@ from services.judge.parsing import (
     parse_quality,
     usage_tokens,
 )
-from services.judge.settings import JudgeSettings
+from arbiter.services.judge.settings import JudgeSettings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 

@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from proto.components import ComponentGroup
-from proto.judge import QualityParams, QualityRequest, VerifierParams, VerifierRequest
-from services.judge.scoring import Judge
-from services.judge.settings import JudgeSettings
+from arbiter.proto.components import ComponentGroup
+from arbiter.proto.judge import QualityParams, QualityRequest, VerifierParams, VerifierRequest
+from arbiter.services.judge.scoring import Judge
+from arbiter.services.judge.settings import JudgeSettings
 from tests.services.judge.capture import FIXTURES, capture
 from tests.services.judge.conftest import VLLMServer
 

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from proto.verify import FormatParams
-from services.verify.extract import answer_blocks, boxed_contents, extract_answer
-from services.verify.formatting import check_format, format_score
-from services.verify.scoring import score_math_direct
-from services.verify.worker import score_item
+from arbiter.proto.verify import FormatParams
+from arbiter.services.verify.extract import answer_blocks, boxed_contents, extract_answer
+from arbiter.services.verify.formatting import check_format, format_score
+from arbiter.services.verify.scoring import score_math_direct
+from arbiter.services.verify.worker import score_item
 from tests.services.verify.cases import FORMAT_CASES, MATH_CASES, NULL_CASES
 
 
