@@ -34,7 +34,7 @@ from typing import Any
 import httpx
 
 from arbiter.procs import ManagedProcess, free_port, uvicorn_process
-from arbiter.proto.components import ComponentGroup
+from arbiter.proto.components import ScoreGroup
 from arbiter.proto.judge import QualityParams, VerifierParams, VerifierRequest
 from arbiter.services.judge.parsing import (
     JudgeReplyError,
@@ -59,7 +59,7 @@ VLLM_FLAGS = [
 ]  # fmt: skip
 
 
-def groups(n_items: int) -> list[ComponentGroup]:
+def groups(n_items: int) -> list[ScoreGroup]:
     """GSM8K test questions, 8 short responses each (right and wrong final answers)."""
     out = []
     lines = (GSM8K / "test.jsonl").read_text().splitlines()
@@ -71,14 +71,14 @@ def groups(n_items: int) -> list[ComponentGroup]:
             for j in range(GROUP)
         ]
         out.append(
-            ComponentGroup(
+            ScoreGroup(
                 id=f"g{k}", prompt=row["question"], reference=f"#### {value}", responses=responses
             )
         )
     return out
 
 
-def payloads(component: str, gs: list[ComponentGroup], judge: Judge) -> list[dict[str, Any]]:
+def payloads(component: str, gs: list[ScoreGroup], judge: Judge) -> list[dict[str, Any]]:
     if component == "quality":
         params = QualityParams()
         return [judge.quality_payload(g, r, params, True) for g in gs for r in g.responses]
@@ -137,7 +137,7 @@ async def direct(
 
 
 async def service(
-    judge_url: str, component: str, gs: list[ComponentGroup], conc: int
+    judge_url: str, component: str, gs: list[ScoreGroup], conc: int
 ) -> tuple[float, Counter[str]]:
     """Seconds through the judge service; groups in flight enough to fill its semaphore."""
     in_flight = max(2, 2 * conc // GROUP)
@@ -146,7 +146,7 @@ async def service(
     params: dict[str, Any] = {}
     async with httpx.AsyncClient(timeout=300) as http:
 
-        async def one(g: ComponentGroup) -> None:
+        async def one(g: ScoreGroup) -> None:
             async with sem:
                 body = {"groups": [g.model_dump()], "params": params}
                 r = await http.post(f"{judge_url}/v1/{component}", json=body)

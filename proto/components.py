@@ -35,7 +35,10 @@ ErrorKind = Literal[
 P = TypeVar("P", bound=ArbiterModel)
 
 
-class ComponentGroup(ArbiterModel):
+class ScoreGroup(ArbiterModel):
+    """One prompt, its reference and G responses: what the gateway's caller sends and what
+    the gateway forwards to a component, the same model on both hops."""
+
     id: str = Field(default="", max_length=256, description="Caller's id, echoed back.")
     prompt: str = Field(default="", max_length=MAX_TEXT_CHARS)
     reference: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
@@ -47,7 +50,7 @@ class NoParams(ArbiterModel):
 
 
 class ComponentRequest(ArbiterModel, Generic[P]):
-    groups: list[ComponentGroup] = Field(min_length=1, max_length=MAX_GROUPS)
+    groups: list[ScoreGroup] = Field(min_length=1, max_length=MAX_GROUPS)
     params: P
 
 

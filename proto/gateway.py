@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from arbiter.proto.common import ArbiterModel
-from arbiter.proto.components import MAX_GROUPS, MAX_RESPONSES, MAX_TEXT_CHARS, ErrorKind
+from arbiter.proto.components import MAX_GROUPS, ErrorKind, ScoreGroup
 
 
 class RecipeComponent(ArbiterModel):
@@ -19,13 +19,6 @@ class RecipeComponent(ArbiterModel):
 class Recipe(ArbiterModel):
     name: str = Field(default="inline", max_length=128)
     components: list[RecipeComponent] = Field(min_length=1, max_length=16)
-
-
-class ScoreGroup(ArbiterModel):
-    id: str = Field(default="", max_length=256)
-    prompt: str = Field(default="", max_length=MAX_TEXT_CHARS)
-    reference: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
-    responses: list[str] = Field(min_length=1, max_length=MAX_RESPONSES)
 
 
 class ScoreRequest(ArbiterModel):

@@ -22,11 +22,11 @@ from typing import Any
 from prometheus_client import Counter
 
 from arbiter.proto.components import (
-    ComponentGroup,
     ComponentGroupResult,
     ComponentResponse,
     ErrorKind,
     ItemError,
+    ScoreGroup,
 )
 from arbiter.proto.components import ComponentUsage as Usage
 from arbiter.proto.judge import QUALITY_DIMENSIONS, QualityParams, QualityRequest, VerifierRequest
@@ -66,7 +66,7 @@ class _Probe:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
-def user_message(group: ComponentGroup, response: str, show_reference: bool) -> str:
+def user_message(group: ScoreGroup, response: str, show_reference: bool) -> str:
     parts = [f"Question:\n{group.prompt}"]
     if show_reference and group.reference:
         parts.append(f"Reference answer:\n{group.reference}")
@@ -109,7 +109,7 @@ class Judge:
     # ----------------------------------------------------------------------- payloads
 
     def quality_payload(
-        self, group: ComponentGroup, response: str, params: QualityParams, structured: bool
+        self, group: ScoreGroup, response: str, params: QualityParams, structured: bool
     ) -> dict[str, Any]:
         system = params.rubric.replace("{scale}", str(params.scale))
         user = user_message(group, response, params.show_reference)
@@ -134,7 +134,7 @@ class Judge:
         return payload
 
     def verifier_payload(
-        self, group: ComponentGroup, response: str, req: VerifierRequest
+        self, group: ScoreGroup, response: str, req: VerifierRequest
     ) -> dict[str, Any]:
         p = req.params
         top = p.top_logprobs or self.settings.top_logprobs
@@ -164,7 +164,7 @@ class Judge:
         return mode == "json_schema" or (mode == "auto" and not self._json_refused)
 
     async def _quality_item(
-        self, group: ComponentGroup, index: int, response: str, params: QualityParams
+        self, group: ScoreGroup, index: int, response: str, params: QualityParams
     ) -> ItemResult:
         structured = self._structured()
         try:
@@ -196,7 +196,7 @@ class Judge:
         return ItemResult(verdict.score, None, info, pt, ct)
 
     async def _verifier_item(
-        self, group: ComponentGroup, index: int, response: str, req: VerifierRequest
+        self, group: ScoreGroup, index: int, response: str, req: VerifierRequest
     ) -> ItemResult:
         try:
             body = await self.client.chat(
@@ -223,7 +223,7 @@ class Judge:
     # ----------------------------------------------------------------------- batches
 
     async def _run(
-        self, component: str, groups: list[ComponentGroup], item: Any, *extra: Any
+        self, component: str, groups: list[ScoreGroup], item: Any, *extra: Any
     ) -> ComponentResponse:
         start = time.perf_counter()
         tasks = [[item(g, i, r, *extra) for i, r in enumerate(g.responses)] for g in groups]

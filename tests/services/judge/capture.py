@@ -18,13 +18,13 @@ from typing import Any
 
 import httpx
 
-from arbiter.proto.components import ComponentGroup
+from arbiter.proto.components import ScoreGroup
 from arbiter.proto.judge import QualityParams, VerifierParams, VerifierRequest
 from arbiter.services.judge.scoring import Judge
 from arbiter.services.judge.settings import JudgeSettings
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
-GROUP = ComponentGroup(
+GROUP = ScoreGroup(
     id="g",
     prompt="Natalia sold clips to 48 of her friends in April, and then she sold half as many "
     "clips in May. How many clips did Natalia sell altogether in April and May?",

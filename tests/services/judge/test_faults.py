@@ -15,7 +15,7 @@ import pytest
 from prometheus_client import REGISTRY
 
 from arbiter.procs import free_port
-from arbiter.proto.components import ComponentGroup
+from arbiter.proto.components import ScoreGroup
 from arbiter.proto.judge import QualityParams, QualityRequest, VerifierParams, VerifierRequest
 from arbiter.services.judge.scoring import Judge
 from arbiter.services.judge.settings import JudgeSettings
@@ -122,7 +122,7 @@ async def test_retries_503_then_scores(stub_root: str) -> None:
     before = _sample("arbiter_judge_upstream_retries_total", component="judge_verifier",
                      reason="UpstreamUnavailable")  # fmt: skip
     try:
-        req = VerifierRequest(groups=[ComponentGroup(**GROUP)], params=VerifierParams())
+        req = VerifierRequest(groups=[ScoreGroup(**GROUP)], params=VerifierParams())
         res = await judge.verifier(req)
     finally:
         await judge.aclose()
@@ -138,7 +138,7 @@ async def test_retries_exhausted_is_unavailable(stub_root: str) -> None:
     # one retry is not enough against two 503s: unavailable, with the server's message
     judge = _judge(stub_root, "flaky", max_retries=1, backoff_s=0.01)
     try:
-        group = ComponentGroup(**{**GROUP, "prompt": "a prompt no other test sends"})
+        group = ScoreGroup(**{**GROUP, "prompt": "a prompt no other test sends"})
         res = await judge.verifier(VerifierRequest(groups=[group], params=VerifierParams()))
     finally:
         await judge.aclose()
@@ -150,7 +150,7 @@ async def test_retries_exhausted_is_unavailable(stub_root: str) -> None:
 async def test_concurrency_is_bounded(stub_root: str) -> None:
     # 12 items, max_concurrency 3: never more than 3 requests at the server
     judge = _judge(stub_root, "count", max_concurrency=3)
-    group = ComponentGroup(**{**GROUP, "responses": [str(i) for i in range(12)]})
+    group = ScoreGroup(**{**GROUP, "responses": [str(i) for i in range(12)]})
     try:
         res = await judge.verifier(VerifierRequest(groups=[group], params=VerifierParams()))
     finally:
@@ -174,7 +174,7 @@ async def test_structured_output_refused(
     stub_root: str, mode: str, score: float | None, kind: str | None
 ) -> None:
     judge = _judge(stub_root, "refuse_json", structured_output=mode)
-    req = QualityRequest(groups=[ComponentGroup(**GROUP)], params=QualityParams())
+    req = QualityRequest(groups=[ScoreGroup(**GROUP)], params=QualityParams())
     try:
         res = await judge.quality(req)
         again = await judge.quality(req)  # auto remembers: no second refusal needed

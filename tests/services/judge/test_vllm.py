@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from arbiter.proto.components import ComponentGroup
+from arbiter.proto.components import ScoreGroup
 from arbiter.proto.judge import QualityParams, QualityRequest, VerifierParams, VerifierRequest
 from arbiter.services.judge.scoring import Judge
 from arbiter.services.judge.settings import JudgeSettings
@@ -76,7 +76,7 @@ async def test_quality_text_mode_nulls_unparseable(vllm_server: VLLMServer) -> N
         )
     )
     try:
-        req = QualityRequest(groups=[ComponentGroup(**GROUP)], params=QualityParams(max_tokens=32))
+        req = QualityRequest(groups=[ScoreGroup(**GROUP)], params=QualityParams(max_tokens=32))
         res = await judge.quality(req)
     finally:
         await judge.aclose()
@@ -116,7 +116,7 @@ async def test_verifier_equals_direct_logprobs(
         got = r.json()
         # The same request, straight to vLLM, built by the judge's own payload code.
         judge = Judge(JudgeSettings(base_url=vllm_server.base_url, model=vllm_server.model))
-        req = VerifierRequest(groups=[ComponentGroup(**GROUP)], params=VerifierParams(**params))
+        req = VerifierRequest(groups=[ScoreGroup(**GROUP)], params=VerifierParams(**params))
         direct = []
         for resp in GROUP["responses"]:
             payload = judge.verifier_payload(req.groups[0], resp, req)
