@@ -1,4 +1,5 @@
-"""``arbiter``: run the stack locally (``arbiter up``) and export the wire contract."""
+"""``arbiter``: serve one service (``arbiter serve``), run the stack locally (``arbiter up``)
+and export the wire contract."""
 
 from __future__ import annotations
 
@@ -15,6 +16,12 @@ def _cmd_openapi(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from arbiter.serve import serve
+
+    return serve(args.service, host=args.host, port=args.port, workers=args.workers)
+
+
 def _cmd_up(args: argparse.Namespace) -> int:
     from arbiter.stack import up
 
@@ -28,12 +35,21 @@ def main(argv: list[str] | None = None) -> int:
     p_openapi = sub.add_parser("openapi", help="write proto/openapi/<service>.json")
     p_openapi.set_defaults(func=_cmd_openapi)
 
+    from arbiter.serve import SERVICES
+
+    p_serve = sub.add_parser(
+        "serve", help="run one service (settings from the environment; flags override)"
+    )
+    p_serve.add_argument("service", choices=SERVICES)
+    p_serve.add_argument("--host", default=None, help="bind address (default: <NAME>_HOST)")
+    p_serve.add_argument("--port", type=int, default=None, help="port (default: <NAME>_PORT)")
+    p_serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    p_serve.set_defaults(func=_cmd_serve)
+
     p_up = sub.add_parser("up", help="start Redis and every service locally, score a sample")
-    p_up.add_argument("--gateway-port", type=int, default=8000)
     p_up.add_argument("--redis-port", type=int, default=6379)
-    p_up.add_argument("--verify-port", type=int, default=8001)
-    p_up.add_argument("--embedding-port", type=int, default=8002)
-    p_up.add_argument("--judge-port", type=int, default=8003)
+    for name in SERVICES:
+        p_up.add_argument(f"--{name}-port", type=int, default=None, help="default: its setting")
     p_up.add_argument("--no-embedding", action="store_true", help="don't start the embedder")
     p_up.add_argument(
         "--judge-base-url",
@@ -48,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p_up.set_defaults(func=_cmd_up)
 
     args = parser.parse_args(argv)
+    if args.func is _cmd_serve:
+        return int(args.func(args))  # serve configures logging itself
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     return int(args.func(args))

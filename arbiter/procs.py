@@ -85,6 +85,33 @@ class ManagedProcess:
             self.proc.wait(5)
 
 
+def service_process(
+    name: str,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    log_path: Path | None = None,
+    ready_path: str = "/healthz",
+) -> ManagedProcess:
+    """Service ``name`` started the way it runs in production: ``arbiter serve NAME``.
+
+    ``port`` defaults to the service's own setting; every other setting comes from the
+    environment (this process's, updated with ``env``).
+    """
+    if port is None:
+        from arbiter.serve import default_port
+
+        port = default_port(name)
+    argv = [sys.executable, "-m", "arbiter.cli", "serve", name, "--port", str(port)]
+    return ManagedProcess(
+        name=name,
+        argv=argv,
+        env=env or {},
+        ready_url=f"http://127.0.0.1:{port}{ready_path}",
+        log_path=log_path,
+        port=port,
+    )
+
+
 def uvicorn_process(
     name: str,
     factory: str,
@@ -93,7 +120,7 @@ def uvicorn_process(
     log_path: Path | None = None,
     ready_path: str = "/healthz",
 ) -> ManagedProcess:
-    """A service started the way it runs in production: uvicorn with an app factory."""
+    """An ASGI app that is not an Arbiter service (a test stub): uvicorn with a factory."""
     argv = [
         sys.executable, "-m", "uvicorn", factory, "--factory",
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",

@@ -18,7 +18,8 @@ from typing import Any
 
 import httpx
 
-from arbiter.procs import ManagedProcess, redis_process, uvicorn_process
+from arbiter.procs import ManagedProcess, redis_process, service_process
+from arbiter.serve import SERVICES
 
 log = logging.getLogger("arbiter.up")
 
@@ -35,33 +36,28 @@ def _port_free(port: int) -> bool:
 def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
     """The processes to start, in order (each depends only on those before it)."""
     procs = [redis_process(args.redis_port, log_path=logs / "redis.log")]
-    gateway_env = {"REDIS_URL": f"redis://127.0.0.1:{args.redis_port}/0"}
-
-    procs.append(
-        uvicorn_process("verify", "arbiter.services.verify.app:create_app", args.verify_port,
-                        log_path=logs / "verify.log", ready_path="/readyz")
-    )  # fmt: skip
-    gateway_env["GATEWAY_VERIFY_URL"] = f"http://127.0.0.1:{args.verify_port}"
-    if not args.no_embedding:
-        procs.append(
-            uvicorn_process("embedding", "arbiter.services.embedding.app:create_app",
-                            args.embedding_port, log_path=logs / "embedding.log",
-                            ready_path="/readyz")
-        )  # fmt: skip
-        gateway_env["GATEWAY_EMBEDDING_URL"] = f"http://127.0.0.1:{args.embedding_port}"
+    env: dict[str, dict[str, str]] = {name: {} for name in SERVICES}
+    env["gateway"]["REDIS_URL"] = f"redis://127.0.0.1:{args.redis_port}/0"
     if args.judge_base_url:
-        judge_env = {"JUDGE_BASE_URL": args.judge_base_url}
-        if args.judge_model:
-            judge_env["JUDGE_MODEL"] = args.judge_model
-        procs.append(
-            uvicorn_process("judge", "arbiter.services.judge.app:create_app", args.judge_port,
-                            env=judge_env, log_path=logs / "judge.log", ready_path="/healthz")
-        )  # fmt: skip
-        gateway_env["GATEWAY_JUDGE_URL"] = f"http://127.0.0.1:{args.judge_port}"
-    procs.append(
-        uvicorn_process("gateway", "arbiter.services.gateway.app:create_app", args.gateway_port,
-                        env=gateway_env, log_path=logs / "gateway.log")
-    )  # fmt: skip
+        env["judge"]["JUDGE_BASE_URL"] = args.judge_base_url
+    if args.judge_model:
+        env["judge"]["JUDGE_MODEL"] = args.judge_model
+    skip = {"embedding"} if args.no_embedding else set()
+    if not args.judge_base_url:
+        skip.add("judge")
+    for name in SERVICES:  # the gateway comes last: it needs the others' URLs
+        if name in skip:
+            continue
+        proc = service_process(
+            name,
+            getattr(args, f"{name}_port"),  # None: the service's own port setting
+            env=env[name],
+            log_path=logs / f"{name}.log",
+            ready_path="/readyz" if name in ("verify", "embedding") else "/healthz",
+        )
+        procs.append(proc)
+        if name != "gateway":
+            env["gateway"][f"GATEWAY_{name.upper()}_URL"] = f"http://127.0.0.1:{proc.port}"
     return procs
 
 
@@ -122,7 +118,7 @@ def up(args: argparse.Namespace) -> int:
             log.info("starting %s", proc.name)
             started.append(proc.start())
             proc.wait_ready(timeout=180)
-        gateway = f"http://127.0.0.1:{args.gateway_port}"
+        gateway = f"http://127.0.0.1:{procs[-1].port}"
         recipe = "gsm8k-diverse" if not args.no_embedding else "gsm8k"
         if data_dir.exists() and args.samples > 0:
             score_samples(gateway, data_dir, args.samples, recipe)

@@ -25,7 +25,7 @@ def default_model() -> str:
 
 
 class EmbeddingSettings(ServiceSettings):
-    model_config = SettingsConfigDict(env_prefix="EMBEDDING_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="EMBEDDING_")
 
     port: int = Field(default=8002, ge=1, le=65535, description="Bind port.")
     model: str = Field(

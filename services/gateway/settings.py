@@ -15,9 +15,7 @@ SERVICES = ("verify", "embedding", "judge")
 
 
 class GatewaySettings(ServiceSettings):
-    model_config = SettingsConfigDict(
-        env_prefix="GATEWAY_", extra="ignore", frozen=True, populate_by_name=True
-    )
+    model_config = SettingsConfigDict(env_prefix="GATEWAY_")
 
     port: int = Field(default=8000, ge=1, le=65535, description="Bind port.")
     verify_url: str | None = Field(

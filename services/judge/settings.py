@@ -12,7 +12,7 @@ from arbiter.services.common.settings import ServiceSettings
 
 
 class JudgeSettings(ServiceSettings):
-    model_config = SettingsConfigDict(env_prefix="JUDGE_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="JUDGE_")
 
     port: int = Field(default=8003, ge=1, le=65535, description="Bind port.")
     base_url: str = Field(

@@ -13,7 +13,7 @@ from arbiter.services.common.settings import ServiceSettings
 
 
 class VerifySettings(ServiceSettings):
-    model_config = SettingsConfigDict(env_prefix="VERIFY_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(env_prefix="VERIFY_")
 
     port: int = Field(default=8001, ge=1, le=65535, description="Bind port.")
     workers: int = Field(
