@@ -1,4 +1,4 @@
-"""Embedding service app: ``uvicorn services.embedding.app:create_app --factory``.
+"""Embedding service app factory; run it with ``arbiter serve embedding``.
 
 The model loads in the background: ``/healthz`` answers at once, ``/readyz`` turns 200
 when the model is loaded (or says why not), and a request that arrives during the load

@@ -1,4 +1,4 @@
-"""Gateway app: ``uvicorn services.gateway.app:create_app --factory`` (port 8000)."""
+"""Gateway app factory; run it with ``arbiter serve gateway``."""
 
 from __future__ import annotations
 
@@ -38,7 +38,6 @@ def build_cache(settings: GatewaySettings) -> Cache:
 
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     settings = settings or get_settings()
-    logging.getLogger("arbiter").setLevel(settings.log_level.upper())
     book = RecipeBook(settings.recipes_file)  # a bad recipes file fails here, at start-up
 
     @asynccontextmanager

@@ -1,4 +1,4 @@
-"""Judge app: ``uvicorn services.judge.app:create_app --factory`` (port 8003)."""
+"""Judge app factory; run it with ``arbiter serve judge``."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ def create_app(settings: JudgeSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        logging.getLogger("arbiter").setLevel(settings.log_level.upper())
         app.state.judge = Judge(settings)
         log.info("judge: %s model=%s", settings.base_url, settings.model or "(first listed)")
         try:

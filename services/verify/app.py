@@ -1,4 +1,4 @@
-"""Verify service app: ``uvicorn services.verify.app:create_app --factory``."""
+"""Verify service app factory; run it with ``arbiter serve verify``."""
 
 from __future__ import annotations
 
