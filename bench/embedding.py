@@ -32,7 +32,7 @@ from pathlib import Path
 
 import httpx
 
-from arbiter.procs import free_port, uvicorn_process
+from arbiter.procs import free_port, service_process
 from bench.embedding_load import LoadGenerator
 
 log = logging.getLogger("bench.embedding")
@@ -131,10 +131,9 @@ def bench_service(
         "EMBEDDING_ENCODE_WORKER": encode_worker,
         "EMBEDDING_MAX_BATCH_TEXTS": str(max_batch_texts),
     }  # fmt: skip
-    proc = uvicorn_process(
-        "embedding", "arbiter.services.embedding.app:create_app", port, env=env,
-        log_path=log_dir / "embedding-bench.log", ready_path="/readyz",
-    )  # fmt: skip
+    proc = service_process(
+        "embedding", port, env=env, log_path=log_dir / "embedding-bench.log", ready_path="/readyz"
+    )
     if workers > 1:  # several event loops (and model copies) behind one port
         proc.argv += ["--workers", str(workers)]
     proc.start()

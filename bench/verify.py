@@ -30,7 +30,7 @@ from typing import Any
 
 import httpx
 
-from arbiter.procs import free_port, uvicorn_process
+from arbiter.procs import free_port, service_process
 
 log = logging.getLogger("bench.verify")
 
@@ -111,7 +111,7 @@ def _rule_one(task: tuple[str, str]) -> bool:
     gold, ex = reference_value(reference), extract_answer(response)
     if gold is None or ex.status != "ok":
         return False
-    return score_item(gold, ex.text, 1e-6, 5, True)[0] == 1.0
+    return score_item(gold, ex.text, 1e-6, 5, True).score == 1.0
 
 
 def baseline_rule(groups: list[dict[str, Any]], processes: int = 2) -> dict[str, float]:
@@ -162,13 +162,11 @@ async def _drive(url: str, groups: list[dict[str, Any]], concurrency: int) -> di
 
 @contextlib.contextmanager
 def service(workers: int, fast_path: bool) -> Iterator[str]:
-    """A verify service on a free port (as in production: uvicorn + factory); yields its URL."""
+    """A verify service on a free port (as in production: ``arbiter serve``); yields its URL."""
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"bench-verify-{port}.log"
     env = {"VERIFY_WORKERS": str(workers), "VERIFY_FAST_PATH": str(fast_path).lower()}
-    proc = uvicorn_process(
-        "verify", "arbiter.services.verify.app:create_app", port, env=env, log_path=log_path
-    )
+    proc = service_process("verify", port, env=env, log_path=log_path)
     proc.start()
     try:
         proc.wait_ready(60)

@@ -1,7 +1,7 @@
 """Shared fixtures: real processes on free loopback ports, started once per session.
 
-Services run exactly as in production (uvicorn + app factory, in their own process
-group); Redis is a real redis-server bound to 127.0.0.1. Fixtures that a test breaks on
+Services run exactly as in production (``arbiter serve NAME --port P``, in their own
+process group); Redis is a real redis-server bound to 127.0.0.1. Fixtures that a test breaks on
 purpose (stopping a service or Redis) are function-scoped and start their own copies.
 """
 
@@ -13,12 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from arbiter.procs import ManagedProcess, free_port, redis_process, uvicorn_process
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from arbiter.procs import ManagedProcess, free_port, redis_process, service_process
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Offline, as CI runs (.ci/run exports the same): the test process and every service
+    # it starts use only models already on disk.
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        os.environ.setdefault(name, "1")
 
 
 @pytest.fixture(scope="session")
@@ -53,15 +57,9 @@ def start_redis(log_dir: Path) -> tuple[ManagedProcess, str]:
 def start_service(
     name: str, log_dir: Path, env: dict[str, str] | None = None, timeout: float = 60.0
 ) -> tuple[ManagedProcess, str]:
-    """Start ``services.<name>.app:create_app`` on a free port; return (process, base URL)."""
+    """Start ``arbiter serve <name>`` on a free port; return (process, base URL)."""
     port = free_port()
-    proc = uvicorn_process(
-        name,
-        f"arbiter.services.{name}.app:create_app",
-        port,
-        env=env,
-        log_path=log_dir / f"{name}-{port}.log",
-    )
+    proc = service_process(name, port, env=env, log_path=log_dir / f"{name}-{port}.log")
     _start(proc, timeout)
     return proc, f"http://127.0.0.1:{port}"
 
