@@ -1,47 +1,114 @@
-"""Python client for the gateway, and a drop-in reward function for TRL's GRPOTrainer.
+"""Python client for the gateway: sync and async scoring, retries, API key.
 
-    from arbiter.client import ArbiterClient, trl_reward
+    from arbiter.client import ArbiterClient
 
-    client = ArbiterClient("http://127.0.0.1:8000")
-    out = client.score([{"prompt": q, "reference": "18", "responses": [r1, r2]}], "gsm8k")
+    with ArbiterClient() as client:            # ARBITER_URL, ARBITER_API_KEY from the env
+        out = client.score([{"prompt": q, "reference": "18", "responses": [r1, r2]}], "gsm8k")
+        out.groups[0].rewards                  # [1.5, None]: None = could not score
 
-    trainer = GRPOTrainer(..., reward_funcs=[trl_reward("gsm8k", reference_column="answer")])
-
-The TRL adapter regroups TRL's flat batch (each prompt repeated ``num_generations``
-times in a row) into Arbiter groups, so group-level components (diversity) see whole
-groups, and returns ``None`` for masked rewards, which TRL treats as "no signal"
-(NaN-aware means) instead of a fake 0.
+Retryable answers (429 honouring ``Retry-After``, 503, 504, other 5xx) and connection
+failures are retried with exponential backoff and jitter (``RetryPolicy``). Every scoring
+call sends one ``Idempotency-Key``, the same on each of its retries, so a gateway that saw
+the first try can answer the retry from it instead of scoring twice. The async side keeps
+one connection pool per event loop, so a client survives several ``asyncio.run`` calls.
+The TRL adapter lives in ``arbiter.integrations.trl``; ``trl_reward`` here is its alias.
 """
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
+import logging
+import os
+import random
+import time
+import uuid
+import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import httpx
 
-from arbiter.proto.common import ErrorResponse
-from arbiter.proto.gateway import Recipe, ScoreGroup, ScoreRequest, ScoreResponse
+from arbiter.errors import ArbiterError, Timeout, Unavailable, from_response, is_retryable_status
+from arbiter.proto.common import Readiness
+from arbiter.proto.gateway import (
+    Recipe,
+    RecipeList,
+    RecipeRef,
+    ScoreGroup,
+    ScoreRequest,
+    ScoreResponse,
+)
 
+__all__ = ["DEFAULT_URL", "ArbiterClient", "ArbiterError", "RetryPolicy", "trl_reward"]
+
+log = logging.getLogger("arbiter.client")
+
+DEFAULT_URL = "http://127.0.0.1:8000"
 RecipeArg = str | Recipe | dict[str, Any]
 GroupArg = ScoreGroup | dict[str, Any]
 
-
-class ArbiterError(RuntimeError):
-    """A non-2xx answer from the gateway, with the envelope's fields."""
-
-    def __init__(self, status: int, body: ErrorResponse | None, text: str):
-        self.status = status
-        self.error = body.error if body else None
-        detail = f"{body.error.type}: {body.error.message}" if body else text[:300]
-        super().__init__(f"HTTP {status} {detail}")
-
-    @property
-    def retryable(self) -> bool:
-        return self.status in (429, 503, 504)
+# Failures of the connection itself: the gateway may be restarting. (Not UnsupportedProtocol
+# or a bad URL: those never heal.)
+RETRY_EXCEPTIONS = (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError)
 
 
-def _request(groups: Sequence[GroupArg], recipe: RecipeArg, on_error: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how long to retry a retryable failure.
+
+    The n-th retry (n = 0, 1, …) waits ``min(max_delay, base_delay·2ⁿ)`` scaled by a random
+    factor in [0.5, 1] (jitter, so that many trainers restarting together do not retry in
+    step), or the server's ``Retry-After`` when it sent one (capped at ``max_retry_after``).
+    """
+
+    attempts: int = 6  # tries in all, the first included; 1 = never retry
+    base_delay: float = 0.5
+    max_delay: float = 20.0
+    max_retry_after: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError(
+                f"RetryPolicy.attempts must be >= 1 (1 = no retry), got {self.attempts}"
+            )
+        if self.base_delay < 0 or self.max_delay < 0:
+            raise ValueError("RetryPolicy delays must be >= 0")
+
+    def delay(self, retry: int, retry_after: float | None = None) -> float:
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.max_retry_after)
+        step = min(self.max_delay, self.base_delay * 2.0**retry)
+        return step * random.uniform(0.5, 1.0)
+
+
+NO_RETRY = RetryPolicy(attempts=1)
+
+
+def retry_after_seconds(r: httpx.Response) -> float | None:
+    """``Retry-After`` as seconds: a number, or an HTTP date (RFC 9110 §10.2.3)."""
+    value = r.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, (when - datetime.now(UTC)).total_seconds())
+
+
+def score_body(
+    groups: Sequence[GroupArg], recipe: RecipeArg, on_error: str = "mask"
+) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/score``, validated here so bad input fails before sending."""
     req = ScoreRequest.model_validate(
         {
             "recipe": recipe.model_dump() if isinstance(recipe, Recipe) else recipe,
@@ -49,94 +116,210 @@ def _request(groups: Sequence[GroupArg], recipe: RecipeArg, on_error: str) -> di
             "on_error": on_error,
         }
     )
-    return req.model_dump(mode="json")
-
-
-def _parse(r: httpx.Response) -> ScoreResponse:
-    if r.status_code != 200:
-        try:
-            body: ErrorResponse | None = ErrorResponse.model_validate_json(r.content)
-        except ValueError:
-            body = None
-        raise ArbiterError(r.status_code, body, r.text)
-    return ScoreResponse.model_validate_json(r.content)
+    return req.model_dump(mode="json", exclude_defaults=False)
 
 
 class ArbiterClient:
-    """Sync and async scoring through one kept-alive connection pool each."""
+    """Sync and async calls to the gateway, each through one kept-alive connection pool.
+
+    ``base_url`` defaults to ``$ARBITER_URL``, then ``http://127.0.0.1:8000``; ``api_key``
+    to ``$ARBITER_API_KEY`` (sent as ``Authorization: Bearer``). Use it as a context
+    manager (``with`` / ``async with``) or call ``close()`` / ``aclose()``. Picklable: the
+    pools are not carried, a copy opens its own.
+    """
 
     def __init__(
-        self, base_url: str = "http://127.0.0.1:8000", timeout: float = 300.0, **httpx_kwargs: Any
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = 300.0,
+        retry: RetryPolicy | None = None,
+        headers: dict[str, str] | None = None,
+        **httpx_kwargs: Any,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self._timeout = httpx.Timeout(timeout, connect=10.0)
+        self.base_url = (base_url or os.environ.get("ARBITER_URL") or DEFAULT_URL).rstrip("/")
+        key = api_key if api_key is not None else os.environ.get("ARBITER_API_KEY")
+        self.retry = retry or RetryPolicy()
+        self.timeout = timeout
+        self._headers = dict(headers or {})
+        if key:
+            self._headers["Authorization"] = f"Bearer {key}"
         self._kwargs = httpx_kwargs
         self._sync: httpx.Client | None = None
-        self._async: httpx.AsyncClient | None = None
+        # One AsyncClient per event loop: a pool is bound to the loop that opened it.
+        self._async: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, httpx.AsyncClient]
+        self._async = weakref.WeakKeyDictionary()
 
+    # -- pools -----------------------------------------------------------------------------
+    def _options(self) -> dict[str, Any]:
+        timeout = httpx.Timeout(self.timeout, connect=min(10.0, self.timeout))
+        return {"timeout": timeout, "headers": self._headers, **self._kwargs}
+
+    def _sync_client(self) -> httpx.Client:
+        if self._sync is None:
+            self._sync = httpx.Client(**self._options())
+        return self._sync
+
+    def _async_client(self) -> httpx.AsyncClient:
+        loop = asyncio.get_running_loop()
+        for old in [lp for lp in self._async if lp.is_closed()]:
+            # Its loop is gone, so it cannot be closed gracefully; its sockets close with it.
+            del self._async[old]
+        client = self._async.get(loop)
+        if client is None:
+            client = self._async[loop] = httpx.AsyncClient(**self._options())
+        return client
+
+    def close(self) -> None:
+        if self._sync is not None:
+            self._sync.close()
+            self._sync = None
+
+    async def aclose(self) -> None:
+        """Close this loop's pool (and the sync one)."""
+        client = self._async.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.aclose()
+        self.close()
+
+    def __enter__(self) -> ArbiterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> ArbiterClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_sync"] = None
+        state["_async"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._async = weakref.WeakKeyDictionary()
+
+    # -- one request, retried ------------------------------------------------------------
+    def _next_delay(
+        self, policy: RetryPolicy, tries: int, r: httpx.Response | None
+    ) -> float | None:
+        """Seconds to wait before the next try, or None to stop here."""
+        if r is not None and not is_retryable_status(r.status_code):
+            return None
+        if tries >= policy.attempts:
+            return None
+        return policy.delay(tries - 1, retry_after_seconds(r) if r is not None else None)
+
+    def _unreachable(self, exc: Exception, tries: int) -> ArbiterError:
+        cls = Timeout if isinstance(exc, httpx.TimeoutException) else Unavailable
+        return cls(f"gateway {self.base_url} not reached after {tries} tries: {exc!r}")
+
+    def _log_retry(self, what: str, tries: int, delay: float, why: str) -> None:
+        log.warning("%s %s: %s; retry %d in %.2fs", what, self.base_url, why, tries, delay)
+
+    def _request(
+        self, method: str, path: str, policy: RetryPolicy, **kwargs: Any
+    ) -> httpx.Response:
+        client = self._sync_client()
+        for tries in range(1, policy.attempts + 1):
+            try:
+                r = client.request(method, f"{self.base_url}{path}", **kwargs)
+            except RETRY_EXCEPTIONS as exc:
+                delay = self._next_delay(policy, tries, None)
+                if delay is None:
+                    raise self._unreachable(exc, tries) from exc
+                self._log_retry(f"{method} {path}", tries, delay, repr(exc))
+            else:
+                delay = self._next_delay(policy, tries, r)
+                if delay is None:
+                    return r
+                self._log_retry(f"{method} {path}", tries, delay, f"HTTP {r.status_code}")
+            time.sleep(delay)
+        raise AssertionError("unreachable")  # the loop returns or raises on its last try
+
+    async def _arequest(
+        self, method: str, path: str, policy: RetryPolicy, **kwargs: Any
+    ) -> httpx.Response:
+        client = self._async_client()
+        for tries in range(1, policy.attempts + 1):
+            try:
+                r = await client.request(method, f"{self.base_url}{path}", **kwargs)
+            except RETRY_EXCEPTIONS as exc:
+                delay = self._next_delay(policy, tries, None)
+                if delay is None:
+                    raise self._unreachable(exc, tries) from exc
+                self._log_retry(f"{method} {path}", tries, delay, repr(exc))
+            else:
+                delay = self._next_delay(policy, tries, r)
+                if delay is None:
+                    return r
+                self._log_retry(f"{method} {path}", tries, delay, f"HTTP {r.status_code}")
+            await asyncio.sleep(delay)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _ok(r: httpx.Response, ok: tuple[int, ...] = (200,)) -> httpx.Response:
+        if r.status_code not in ok:
+            raise from_response(r.status_code, r.content, source="gateway")
+        return r
+
+    # -- API -------------------------------------------------------------------------------
     def score(
         self,
         groups: Sequence[GroupArg],
         recipe: RecipeArg = "gsm8k",
         on_error: Literal["mask", "fail"] = "mask",
+        *,
+        idempotency_key: str | None = None,
     ) -> ScoreResponse:
-        if self._sync is None:
-            self._sync = httpx.Client(timeout=self._timeout, **self._kwargs)
-        body = _request(groups, recipe, on_error)
-        return _parse(self._sync.post(f"{self.base_url}/v1/score", json=body))
+        """Score rollout groups; raises ``ArbiterError`` (``.retryable``, ``.status``)."""
+        body = score_body(groups, recipe, on_error)
+        headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+        r = self._request("POST", "/v1/score", self.retry, json=body, headers=headers)
+        return ScoreResponse.model_validate_json(self._ok(r).content)
 
     async def ascore(
         self,
         groups: Sequence[GroupArg],
         recipe: RecipeArg = "gsm8k",
         on_error: Literal["mask", "fail"] = "mask",
+        *,
+        idempotency_key: str | None = None,
     ) -> ScoreResponse:
-        if self._async is None:
-            self._async = httpx.AsyncClient(timeout=self._timeout, **self._kwargs)
-        body = _request(groups, recipe, on_error)
-        return _parse(await self._async.post(f"{self.base_url}/v1/score", json=body))
+        body = score_body(groups, recipe, on_error)
+        headers = {"Idempotency-Key": idempotency_key or uuid.uuid4().hex}
+        r = await self._arequest("POST", "/v1/score", self.retry, json=body, headers=headers)
+        return ScoreResponse.model_validate_json(self._ok(r).content)
 
-    def close(self) -> None:
-        if self._sync is not None:
-            self._sync.close()
+    def recipes(self) -> list[RecipeRef]:
+        """The gateway's named recipes, with their fingerprints and weights."""
+        r = self._request("GET", "/v1/recipes", self.retry)
+        return RecipeList.model_validate_json(self._ok(r).content).recipes
 
-    async def aclose(self) -> None:
-        if self._async is not None:
-            await self._async.aclose()
+    async def arecipes(self) -> list[RecipeRef]:
+        r = await self._arequest("GET", "/v1/recipes", self.retry)
+        return RecipeList.model_validate_json(self._ok(r).content).recipes
+
+    def health(self) -> Readiness:
+        """The gateway's ``/readyz`` (ready or not, with each check); one try, no retry.
+
+        Raises ``ArbiterError`` (unavailable) when the gateway cannot be reached."""
+        r = self._request("GET", "/readyz", NO_RETRY)
+        return Readiness.model_validate_json(self._ok(r, (200, 503)).content)
+
+    async def ahealth(self) -> Readiness:
+        r = await self._arequest("GET", "/readyz", NO_RETRY)
+        return Readiness.model_validate_json(self._ok(r, (200, 503)).content)
 
 
-def _text(item: Any) -> str:
-    """TRL passes plain strings, or conversations (lists of {role, content} messages)."""
-    if isinstance(item, str):
-        return item
-    if isinstance(item, list) and item and isinstance(item[-1], dict):
-        return str(item[-1].get("content", ""))
-    raise TypeError(f"expected a string or a list of messages, got {type(item).__name__}")
+def trl_reward(*args: Any, **kwargs: Any) -> Callable[..., list[float | None]]:
+    """Alias of ``arbiter.integrations.trl.trl_reward`` (kept for existing imports)."""
+    from arbiter.integrations.trl import trl_reward as make
 
-
-def trl_reward(
-    recipe: RecipeArg = "gsm8k",
-    base_url: str = "http://127.0.0.1:8000",
-    reference_column: str | None = "answer",
-    client: ArbiterClient | None = None,
-) -> Callable[..., list[float | None]]:
-    """A TRL reward function scoring each rollout group through Arbiter's gateway."""
-    arbiter = client or ArbiterClient(base_url)
-
-    def reward(prompts: list[Any], completions: list[Any], **kwargs: Any) -> list[float | None]:
-        refs = kwargs.get(reference_column) if reference_column else None
-        groups: list[dict[str, Any]] = []
-        for i, (prompt, completion) in enumerate(zip(prompts, completions, strict=True)):
-            p = _text(prompt)
-            ref = None if refs is None else str(refs[i])
-            if groups and groups[-1]["prompt"] == p and groups[-1]["reference"] == ref:
-                groups[-1]["responses"].append(_text(completion))
-            else:
-                groups.append({"id": str(len(groups)), "prompt": p, "reference": ref,
-                               "responses": [_text(completion)]})  # fmt: skip
-        out = arbiter.score(groups, recipe)
-        return [r for g in out.groups for r in g.rewards]
-
-    name = recipe if isinstance(recipe, str) else "inline"
-    reward.__name__ = f"arbiter_{name}".replace("-", "_")
-    return reward
+    return make(*args, **kwargs)
