@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from arbiter.trainer.sampling import SamplingParams
+
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 2
 
@@ -84,14 +86,14 @@ def phase_check(a: ModuleType, tok: Any, dev: str) -> dict[str, Any]:
     model = a.load_model().eval()
     p_ids, p_mask = _prompts(a, tok, dev)
     kw = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    graphed = Sampler(model)
-    eager = Sampler(model, use_cuda_graphs=False)
-    g_ids, _ = graphed(p_ids, p_mask, max_new_tokens=64, temperature=0.0, **kw)
-    e_ids, _ = eager(p_ids, p_mask, max_new_tokens=64, temperature=0.0, **kw)
+    graphed = Sampler(model, compile=False)
+    eager = Sampler(model, use_cuda_graphs=False, compile=False)
+    greedy = SamplingParams(64, temperature=0.0, **kw)
+    g_ids, _ = graphed(p_ids, p_mask, greedy)
+    e_ids, _ = eager(p_ids, p_mask, greedy)
     res: dict[str, Any] = {"graph_equals_eager_greedy": bool(torch.equal(g_ids, e_ids))}
     gen = torch.Generator(device=dev).manual_seed(0)
-    ours, ours_mask = graphed(p_ids, p_mask, max_new_tokens=a.MAX_NEW, temperature=1.0,
-                              generator=gen, **kw)  # fmt: skip
+    ours, ours_mask = graphed(p_ids, p_mask, SamplingParams(a.MAX_NEW, generator=gen, **kw))
     with torch.no_grad():
         out = model.generate(input_ids=p_ids, attention_mask=p_mask, max_new_tokens=a.MAX_NEW,
                              do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
@@ -119,12 +121,14 @@ def _check_autocast(
     if not torch.cuda.is_available():
         return {}
     m32 = a.load_model().float().eval()
-    graphed, eager = Sampler(m32), Sampler(m32, use_cuda_graphs=False)
+    graphed = Sampler(m32, compile=False)
+    eager = Sampler(m32, use_cuda_graphs=False, compile=False)
+    greedy = SamplingParams(32, temperature=0.0, **kw)
     out: dict[str, Any] = {}
     for r in range(2):
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            g, _ = graphed(p_ids, p_mask, max_new_tokens=32, temperature=0.0, **kw)
-            e, _ = eager(p_ids, p_mask, max_new_tokens=32, temperature=0.0, **kw)
+            g, _ = graphed(p_ids, p_mask, greedy)
+            e, _ = eager(p_ids, p_mask, greedy)
         out[f"autocast_graph_equals_eager_round{r}"] = bool(torch.equal(g, e))
         with torch.no_grad():  # an optimizer-like in-place update between rollouts
             for p in m32.parameters():
@@ -159,13 +163,12 @@ def phase_hf(a: ModuleType, tok: Any, dev: str) -> dict[str, Any]:
 def _time_sampler(sampler: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, n: int, tok: Any,
                   reps: int, dev: str) -> dict[str, Any]:  # fmt: skip
     gen = torch.Generator(device=dev).manual_seed(1)
+    params = SamplingParams.for_tokenizer(tok, n, generator=gen)
     times, toks = [], []
     for _ in range(reps):
         _sync()
         t = time.perf_counter()
-        _, mask = sampler(p_ids, p_mask, max_new_tokens=n, temperature=1.0, top_p=1.0,
-                          eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                          generator=gen)  # fmt: skip
+        _, mask = sampler(p_ids, p_mask, params)
         _sync()
         times.append(time.perf_counter() - t)
         toks.append(int(mask.sum()))
@@ -185,9 +188,9 @@ def phase_ours(
     model = a.load_model()
     p_ids, p_mask = _prompts(a, tok, dev)
     n = a.MAX_NEW
-    res["sampler_eager"] = _time_sampler(Sampler(model, use_cuda_graphs=False), p_ids, p_mask,
-                                         n, tok, 2, dev)  # fmt: skip
-    sampler = Sampler(model)
+    eager = Sampler(model, use_cuda_graphs=False, compile=False)
+    res["sampler_eager"] = _time_sampler(eager, p_ids, p_mask, n, tok, 2, dev)
+    sampler = Sampler(model, compile=False)
     res["sampler_graphs"] = _time_sampler(sampler, p_ids, p_mask, n, tok, 4, dev)
     print("sampler", res, flush=True)
     res["steps_sampler"] = "graphs"
@@ -225,9 +228,7 @@ def phase_ours(
     for step in range(steps + WARMUP):
         _sync()
         t0 = time.perf_counter()
-        ids, mask = sampler(p_ids, p_mask, max_new_tokens=n, temperature=1.0, top_p=1.0,
-                            eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                            generator=gen)  # fmt: skip
+        ids, mask = sampler(p_ids, p_mask, SamplingParams.for_tokenizer(tok, n, generator=gen))
         _sync()
         t1 = time.perf_counter()
         texts = tok.batch_decode(ids.masked_fill(~mask, tok.pad_token_id),

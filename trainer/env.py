@@ -17,13 +17,14 @@ from __future__ import annotations
 import ast
 import operator
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
-
 from arbiter.trainer.data import Problem, chat_messages, render_prompt
-from arbiter.trainer.rollout import Rollout, collate, generate, single_turn
+from arbiter.trainer.generation import Sampler
+from arbiter.trainer.rollout import Rollout, RolloutSpec, collate, generate, single_turn
+from arbiter.trainer.sampling import SamplingParams
 
 CALC_INSTRUCTION = (
     "Solve the math problem. Reason step by step inside <think>...</think>, then give only "
@@ -107,9 +108,6 @@ class CalculatorEnv:
     stop_strings: tuple[str, ...] = ("</calc>",)
     _CALC = re.compile(r"<calc>([^<]{0,200})</calc>")
 
-    def __init__(self, system_prompt: str = "") -> None:
-        self.system_prompt = system_prompt
-
     def reset(self, problem: Problem) -> str:
         return f"{CALC_INSTRUCTION}\n\n{problem.question}"
 
@@ -131,12 +129,13 @@ class CalculatorEnv:
         return Step(observation=f"<result>{value}</result>", done=False)
 
 
-def make_env(name: str, system_prompt: str = "") -> Environment | None:
-    if name == "none":
-        return None
-    if name == "calculator":
-        return CalculatorEnv(system_prompt)
-    raise ValueError(f"unknown env {name!r}")
+ENVIRONMENTS: dict[str, type[CalculatorEnv]] = {"calculator": CalculatorEnv}
+
+
+def make_env(name: str) -> Environment:
+    if name not in ENVIRONMENTS:
+        raise ValueError(f"unknown env {name!r}: use none or one of {sorted(ENVIRONMENTS)}")
+    return ENVIRONMENTS[name]()
 
 
 def cut_at_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> tuple[list[int], bool]:
@@ -155,38 +154,31 @@ def cut_at_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> tuple
 
 
 def multi_turn(
-    model: Any,
+    sampler: Sampler,
     tokenizer: Any,
-    env_factory: Any,
+    env_factory: Callable[[], Environment],
     problems: list[Problem],
-    *,
-    group_size: int,
-    max_turns: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    max_prompt_tokens: int,
-    system_prompt: str,
-    generator: torch.Generator | None,
-    precision: str,
-    device: torch.device,
+    spec: RolloutSpec,
+    params: SamplingParams,
 ) -> Rollout:
     """G trajectories per problem; each turn samples all active trajectories at once."""
-    envs = [env_factory() for _ in problems for _ in range(group_size)]
-    tasks = [p for p in problems for _ in range(group_size)]
+    G = spec.group_size
+    envs = [env_factory() for _ in problems for _ in range(G)]
+    tasks = [p for p in problems for _ in range(G)]
     prompts = [
-        render_prompt(tokenizer, chat_messages(env.reset(t), system_prompt))
+        render_prompt(tokenizer, chat_messages(env.reset(t), spec.system_prompt))
         for env, t in zip(envs, tasks, strict=True)
     ]
     prompt_ids = [
-        tokenizer(p, add_special_tokens=False)["input_ids"][-max_prompt_tokens:] for p in prompts
+        tokenizer(p, add_special_tokens=False)["input_ids"][-spec.max_prompt_tokens :]
+        for p in prompts
     ]
     comp: list[list[int]] = [[] for _ in envs]
     act: list[list[int]] = [[] for _ in envs]
     turns = [0] * len(envs)
     active = list(range(len(envs)))
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    for _ in range(max_turns):
+    eos, pad, device = params.eos_token_id, params.pad_token_id, sampler.device
+    for _ in range(spec.max_turns):
         if not active:
             break
         ctx_ids, ctx_attn, _ = collate(
@@ -196,21 +188,9 @@ def multi_turn(
             pad,
             device,
         )
-        ctx_ids, ctx_attn = (
-            ctx_ids[:, :-1],
-            ctx_attn[:, :-1],
-        )  # collate leaves one empty completion column
-        out_ids, out_mask = generate(
-            model,
-            ctx_ids,
-            ctx_attn,
-            tokenizer=tokenizer,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            generator=generator,
-            precision=precision,
-        )
+        # collate leaves one empty completion column
+        ctx_ids, ctx_attn = ctx_ids[:, :-1], ctx_attn[:, :-1]
+        out_ids, out_mask = generate(sampler, ctx_ids, ctx_attn, params, spec.precision)
         still = []
         for row, i in enumerate(active):
             ids = out_ids[row][out_mask[row]].tolist()
@@ -234,7 +214,7 @@ def multi_turn(
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in comp]
     return Rollout(
         problems=problems,
-        prompts=prompts[::group_size],
+        prompts=prompts[::G],
         input_ids=input_ids,
         attention_mask=attention_mask,
         loss_mask=loss_mask,
@@ -244,24 +224,13 @@ def multi_turn(
 
 
 def rollout_batch(
-    model: Any,
+    sampler: Sampler,
     tokenizer: Any,
     problems: list[Problem],
-    *,
-    env: str,
-    max_turns: int,
-    **sampling: Any,
+    spec: RolloutSpec,
+    params: SamplingParams,
 ) -> Rollout:
-    """Single-turn (``env="none"``) or multi-turn rollouts of ``problems``; ``sampling`` are
-    the keyword arguments of ``single_turn`` / ``multi_turn`` (group size, lengths, ...)."""
-    if env == "none":
-        return single_turn(model, tokenizer, problems, **sampling)
-    system_prompt = sampling.get("system_prompt", "")
-    return multi_turn(
-        model,
-        tokenizer,
-        lambda: make_env(env, system_prompt),
-        problems,
-        max_turns=max_turns,
-        **sampling,
-    )
+    """Single-turn (``spec.env == "none"``) or multi-turn rollouts of ``problems``."""
+    if spec.env == "none":
+        return single_turn(sampler, tokenizer, problems, spec, params)
+    return multi_turn(sampler, tokenizer, lambda: make_env(spec.env), problems, spec, params)

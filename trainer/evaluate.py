@@ -6,62 +6,40 @@ Problems are sharded over ranks; sums are all-reduced so every rank gets the sam
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from arbiter.proto.gateway import ScoreGroup
-from arbiter.trainer.config import TrainerConfig
-from arbiter.trainer.data import Problem
 from arbiter.trainer.env import rollout_batch
-from arbiter.trainer.rewards import RewardClient
-from arbiter.trainer.setup import Dist
+
+if TYPE_CHECKING:
+    from arbiter.trainer.run import Run
 
 
 @torch.no_grad()
-def evaluate(
-    cfg: TrainerConfig,
-    model: Any,
-    tokenizer: Any,
-    problems: list[Problem],
-    rewards: RewardClient,
-    dist: Dist,
-    device: torch.device,
-    precision: str,
-) -> dict[str, float]:
+def evaluate(run: Run) -> dict[str, float]:
+    cfg, dist, tokenizer, problems = run.cfg, run.dist, run.tokenizer, run.eval_problems
     mine = problems[dist.rank :: dist.world]
-    max_new = cfg.eval_max_new_tokens or cfg.max_new_tokens
+    spec, params = run.eval_sampling()
     texts: list[str] = []
     chunk = max(1, cfg.rollouts_per_step)
     for s in range(0, len(mine), chunk):
-        batch = mine[s : s + chunk]
-        common: dict[str, Any] = dict(
-            group_size=1,
-            max_new_tokens=max_new,
-            temperature=0.0,
-            top_p=1.0,
-            max_prompt_tokens=cfg.max_prompt_tokens,
-            system_prompt=cfg.system_prompt,
-            generator=None,
-            precision=precision,
-            device=device,
-        )
-        r = rollout_batch(model, tokenizer, batch, env=cfg.env, max_turns=cfg.max_turns, **common)
-        texts.extend(r.texts)
+        texts.extend(rollout_batch(run.sampler, tokenizer, mine[s : s + chunk], spec, params).texts)
     sums: dict[str, list[float]] = {}
     if mine:
         groups = [
             ScoreGroup(id=p.id, prompt=p.question, reference=p.reference, responses=[t])
             for p, t in zip(mine, texts, strict=True)
         ]
-        result = rewards.score(cfg.eval_recipe, groups)
+        result = run.rewards.score(cfg.eval_recipe, groups)
         for name in ["reward", *result.component_names()]:
             vals = result.flat() if name == "reward" else result.flat_component(name)
             ok = [v for v in vals if not math.isnan(v)]
             sums[name] = [sum(ok), float(len(ok)), float(len(vals) - len(ok))]
     names = sorted(sums)
     # every rank must reduce the same keys: the eval recipe is the same on all ranks
-    flat = dist.all_sum([x for n in names for x in sums[n]], device)
+    flat = dist.all_sum([x for n in names for x in sums[n]], run.device)
     out: dict[str, float] = {}
     for i, n in enumerate(names):
         total, count, nulls = flat[3 * i : 3 * i + 3]

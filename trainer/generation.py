@@ -2,11 +2,9 @@
 
 Interface (stable; the trainer uses only this)::
 
-    completion_ids, completion_mask = sample(
-        model, prompt_ids, prompt_mask,
-        max_new_tokens=128, temperature=1.0, top_p=1.0,
-        eos_token_id=eos, pad_token_id=pad, generator=None,
-    )
+    params = SamplingParams(max_new_tokens=128, eos_token_id=eos, pad_token_id=pad,
+                            temperature=1.0, top_p=1.0, generator=None)
+    completion_ids, completion_mask = sample(model, prompt_ids, prompt_mask, params)
 
 - ``prompt_ids`` (B, P) LongTensor, LEFT-padded; ``prompt_mask`` (B, P) 1/True for real tokens.
   For GRPO pass each prompt G times (B = prompts x G, rows of a group adjacent).
@@ -39,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,13 +45,14 @@ import torch
 
 from arbiter.trainer import decoder
 from arbiter.trainer.sampling import (
+    SamplingParams,
     _choose,
     _seeded,
     completion_mask_from_ids,
     sampling_probs,
 )
 
-__all__ = ["Sampler", "completion_mask_from_ids", "sample", "sampling_probs"]
+__all__ = ["Sampler", "SamplingParams", "completion_mask_from_ids", "sample", "sampling_probs"]
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +84,8 @@ class Sampler:
 
     ``use_cuda_graphs``: None = on for CUDA models. ``check_every``: decode steps between
     host checks for "every row has emitted EOS". ``compile``: torch.compile the decode step
-    before capturing it (fewer, fused kernels; compilation costs time once per bucket).
+    before capturing it (fewer, fused kernels; compilation costs time once per bucket);
+    None = on for CUDA models, off on the CPU (where the sampler runs eagerly).
     """
 
     def __init__(
@@ -95,11 +94,11 @@ class Sampler:
         *,
         use_cuda_graphs: bool | None = None,
         check_every: int = 8,
-        compile: bool = False,
+        compile: bool | None = None,
     ) -> None:
         self.model = model
         self.check_every = check_every
-        self.fast_reason = self._unsupported_reason()
+        self.fast_reason = decoder.unsupported_reason(model)
         self.fast = self.fast_reason is None
         if not self.fast:
             log.info("sampler: plain generate (%s)", self.fast_reason)
@@ -113,17 +112,12 @@ class Sampler:
         # compile=True: inductor fuses the decode forward's small kernels (norms, rotary,
         # softmax) before the graph is captured; one compilation per bucket shape. Sampling
         # stays eager (inductor 2.11 fails to generate code for the 32k-wide cumsum).
+        self.compiled = self.device.type == "cuda" if compile is None else bool(compile)
         self._decode_forward: Any = (
-            torch.compile(self._forward, dynamic=False) if compile else self._forward
+            torch.compile(self._forward, dynamic=False) if self.compiled else self._forward
         )
 
     # ------------------------------------------------------------------ the decoder
-    def _unsupported_reason(self) -> str | None:
-        return decoder.unsupported_reason(self.model)
-
-    def _dims(self) -> tuple[int, int, int]:
-        return decoder.dims(self.model)
-
     def _rope_tables(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         if self._rope is None or self._rope[0].shape[0] < length or self._rope[0].dtype != dtype:
             self._rope = decoder.rope_tables(self.model, max(length, 2048), dtype, self.device)
@@ -156,7 +150,7 @@ class Sampler:
             return bk
         while len(self._buckets) >= _MAX_BUCKETS:
             self._buckets.popitem(last=False)
-        _, h_kv, d = self._dims()
+        _, h_kv, d = decoder.dims(self.model)
         dev = self.device
         n_layers = len(self.model.model.layers)
 
@@ -226,26 +220,10 @@ class Sampler:
     # ------------------------------------------------------------------ public call
     @torch.no_grad()
     def __call__(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        *,
-        max_new_tokens: int,
-        temperature: float = 1.0,
-        top_p: float = 1.0,
-        eos_token_id: int,
-        pad_token_id: int,
-        generator: torch.Generator | None = None,
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if not 0.0 < top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         if not self.fast:
-            return self._plain(
-                prompt_ids, prompt_mask, max_new_tokens, temperature, top_p,
-                eos_token_id, pad_token_id, generator,
-            )  # fmt: skip
+            return self._plain(prompt_ids, prompt_mask, params)
         dev_type = self.device.type
         ctx: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if torch.is_autocast_enabled(dev_type):
@@ -255,33 +233,23 @@ class Sampler:
             dt = torch.get_autocast_dtype(dev_type)
             ctx = torch.autocast(dev_type, dtype=dt, cache_enabled=False)
         with ctx:
-            return self._fast(
-                prompt_ids, prompt_mask, max_new_tokens, temperature, top_p,
-                eos_token_id, pad_token_id, generator,
-            )  # fmt: skip
+            return self._fast(prompt_ids, prompt_mask, params)
 
     def _fast(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        eos_token_id: int,
-        pad_token_id: int,
-        generator: torch.Generator | None,
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor]:
         prompt_ids = prompt_ids.to(self.device)
         prompt_mask = prompt_mask.to(self.device).bool()
         b, p = prompt_ids.shape
-        n = max_new_tokens
+        n = params.max_new_tokens
+        eos, pad = params.eos_token_id, params.pad_token_id
         c = -(-(p + n) // _CAPACITY_ROUND) * _CAPACITY_ROUND
-        temperature = max(float(temperature), 0.0)
+        temperature, top_p = float(params.temperature), float(params.top_p)
         bk = self._bucket(b, c, n, temperature, top_p)
         if self.use_graphs and bk.graph is None:
             self._capture(bk)
-        bk.extra["eos_t"].fill_(eos_token_id)
-        bk.extra["pad_t"].fill_(pad_token_id)
+        bk.extra["eos_t"].fill_(eos)
+        bk.extra["pad_t"].fill_(pad)
 
         # prefill: prompt K/V into slots [0, P), first token from the last prompt position
         pos = (prompt_mask.long().cumsum(-1) - 1).clamp_(min=0)
@@ -292,16 +260,14 @@ class Sampler:
             cache[:, :, :p].copy_(new.to(cache.dtype))
 
         logits = self._forward(prompt_ids, pos, bk, mask, write_prefix, last_only=True)
-        noise = torch.rand(
-            (n, b), generator=generator, device=self.device, dtype=torch.float32
-        )  # fmt: skip
+        noise = torch.rand((n, b), generator=params.generator, device=self.device)
         bk.noise.copy_(noise)
         first = _choose(logits, bk.noise[0], temperature, top_p)
         bk.valid.zero_()
         bk.valid[:, :p] = prompt_mask
-        bk.out.fill_(pad_token_id)
+        bk.out.fill_(pad)
         bk.out[:, 0] = first
-        bk.done.copy_(first == eos_token_id)
+        bk.done.copy_(first == eos)
         bk.tokens.copy_(first)
         bk.pos.copy_(prompt_mask.long().sum(-1))
         bk.slot.fill_(p)
@@ -314,80 +280,54 @@ class Sampler:
             else:
                 self._decode_step(bk)
         ids = bk.out.clone()
-        cmask = completion_mask_from_ids(ids, eos_token_id)
-        ids = ids.masked_fill(~cmask, pad_token_id)
+        cmask = completion_mask_from_ids(ids, eos)
+        ids = ids.masked_fill(~cmask, pad)
         width = max(int(cmask.sum(-1).max().item()), 1)
         return ids[:, :width].contiguous(), cmask[:, :width].contiguous()
 
     # ------------------------------------------------------------------ fallback
     def _plain(
-        self,
-        prompt_ids: torch.Tensor,
-        prompt_mask: torch.Tensor,
-        max_new_tokens: int,
-        temperature: float,
-        top_p: float,
-        eos_token_id: int,
-        pad_token_id: int,
-        generator: torch.Generator | None,
+        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor]:
         model = self.model
+        eos, pad = params.eos_token_id, params.pad_token_id
         kwargs: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens,
-            "eos_token_id": eos_token_id,
-            "pad_token_id": pad_token_id,
+            "max_new_tokens": params.max_new_tokens,
+            "eos_token_id": eos,
+            "pad_token_id": pad,
             "top_k": None,
         }
-        if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p)
+        if params.temperature > 0:
+            kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None)
         was_training = model.training
         model.eval()
         try:
-            with _seeded(generator, prompt_ids.device):
+            with _seeded(params.generator, prompt_ids.device):
                 out = model.generate(
                     input_ids=prompt_ids, attention_mask=prompt_mask.long(), **kwargs
                 )
         finally:
             model.train(was_training)
         ids = out[:, prompt_ids.shape[1] :]
-        cmask = completion_mask_from_ids(ids, eos_token_id)
-        return ids.masked_fill(~cmask, pad_token_id), cmask
+        cmask = completion_mask_from_ids(ids, eos)
+        return ids.masked_fill(~cmask, pad), cmask
 
 
 _SAMPLERS: dict[int, Sampler] = {}
 
 
 def sample(
-    model: Any,
-    prompt_ids: torch.Tensor,
-    prompt_mask: torch.Tensor,
-    *,
-    max_new_tokens: int,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    eos_token_id: int,
-    pad_token_id: int,
-    generator: torch.Generator | None = None,
+    model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample completions; see the module docstring for shapes and semantics.
+    """Sample completions with the model's cached ``Sampler``; see the module docstring."""
+    return sampler_for(model)(prompt_ids, prompt_mask, params)
 
-    ``ARBITER_SAMPLER_COMPILE=1`` in the environment builds the per-model sampler with
-    ``compile=True`` (about 2x faster decode on the GPU; ~25 s of compilation per shape bucket
-    for a 0.5 B model).
-    """
+
+def sampler_for(model: Any) -> Sampler:
+    """The model's cached ``Sampler`` with default settings (one per live model)."""
     sampler = _SAMPLERS.get(id(model))
     if sampler is None or sampler.model is not model:
-        compile_ = os.environ.get("ARBITER_SAMPLER_COMPILE", "") == "1"
-        sampler = _SAMPLERS[id(model)] = Sampler(model, compile=compile_)
-    return sampler(
-        prompt_ids,
-        prompt_mask,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        eos_token_id=eos_token_id,
-        pad_token_id=pad_token_id,
-        generator=generator,
-    )
+        sampler = _SAMPLERS[id(model)] = Sampler(model)
+    return sampler

@@ -10,7 +10,8 @@ reference's log-probs (when beta > 0); wait for the rewards; A = (r - mean_g) /
 
 With ``pipeline=true`` batch k+1 is generated while batch k's rewards are in flight;
 batch k is then trained one update later than it was sampled, and the importance ratio
-against its behaviour log-probs corrects for that.
+against its behaviour log-probs corrects for that. Everything the loop uses is built
+once by ``trainer.run.build_run``.
 
     python -m arbiter.trainer --config configs/tiny-cpu.yaml model=/tmp/tiny steps=20
     torchrun --nproc_per_node 2 -m arbiter.trainer --config configs/qwen2.5-1.5b-gsm8k.yaml
@@ -28,26 +29,95 @@ from typing import Any
 import torch
 
 from arbiter.proto.gateway import ScoreGroup
-from arbiter.trainer import checkpoint
-from arbiter.trainer.config import TrainerConfig
-from arbiter.trainer.data import batch_indices, load_problems
+from arbiter.trainer.data import batch_indices
 from arbiter.trainer.env import rollout_batch
 from arbiter.trainer.evaluate import evaluate
-from arbiter.trainer.grpo import build_optimizer, group_advantages
-from arbiter.trainer.metrics import RunLogger, plot_curves, reduce_record, step_metrics
-from arbiter.trainer.rewards import BatchRewards, RewardClient, RewardsUnavailable
+from arbiter.trainer.grpo import group_advantages
+from arbiter.trainer.metrics import plot_curves, reduce_record, step_metrics
+from arbiter.trainer.rewards import BatchRewards, RewardsUnavailable
 from arbiter.trainer.rollout import Rollout, sequence_logprobs
-from arbiter.trainer.setup import (
-    init_distributed,
-    load_model,
-    load_tokenizer,
-    prepare_run_dir,
-    resolve_precision,
-    setup_logging,
-)
+from arbiter.trainer.run import Run, build_run
 from arbiter.trainer.update import train_on_batch
 
 log = logging.getLogger("trainer")
+
+
+def train(cfg: Any) -> dict[str, Any]:
+    """Run GRPO as ``cfg`` (a ``TrainerConfig``) says; returns the last step's metrics."""
+    run = build_run(cfg)
+    with contextlib.closing(run):  # rewards thread and progress bar closed however it ends
+        summary = _loop(run)
+    run.dist.barrier()
+    return summary
+
+
+def _loop(run: Run) -> dict[str, Any]:
+    cfg, dist, device = run.cfg, run.dist, run.device
+    if cfg.eval_every and run.start_step == 0:
+        run_eval(run, 0)
+    summary: dict[str, Any] = {}
+    t_first = time.perf_counter()
+    pending = produce(run, run.start_step) if cfg.pipeline else None
+    for step in range(run.start_step, cfg.steps):
+        t_step = t_first if step == run.start_step else time.perf_counter()
+        # 1-2. Rollout, then reward requests in the background (pipelined: batch k+1 is
+        # sampled while batch k is scored, and trained one update after it was sampled)
+        if pending is None:
+            current = made = produce(run, step)
+        else:
+            current = pending
+            pending = produce(run, step + 1) if step + 1 < cfg.steps else None
+            made = _pipelined_share(current, pending, first=step == run.start_step)
+
+        # 3. Wait for the rewards; a gateway outage skips the batch on every rank
+        t_wait = time.perf_counter()
+        result = wait_for_rewards(run, current, step)
+        wait_s = time.perf_counter() - t_wait
+        if result is None:
+            continue
+
+        # 4. Advantages: group-normalised over non-null rewards; null rewards -> A = 0
+        r = torch.tensor(result.flat(), dtype=torch.float32)  # (S,), NaN where null
+        adv = group_advantages(r, cfg.group_size, scale=cfg.scale_rewards, eps=cfg.adv_eps)
+
+        # 5. Loss and optimizer step: mu passes over the batch, micro-batches accumulated
+        t_train = time.perf_counter()
+        roll = current.rollout
+        stats = train_on_batch(cfg, run.model, run.opt, roll, adv.to(device), dist, run.precision)
+        run.sched.step()
+        train_s = time.perf_counter() - t_train
+
+        # 6. Log, evaluate, checkpoint
+        step_s = time.perf_counter() - t_step
+        record = step_metrics(result, r, cfg.group_size, roll, stats)
+        record.update(
+            {
+                "step": step + 1,
+                "lr": run.sched.get_last_lr()[0],
+                "time/generate": made.gen_s,
+                "time/logprobs": made.logp_s,
+                "time/reward_wait": wait_s,
+                "time/train": train_s,
+                "time/step": step_s,
+                "time/reward_latency": result.elapsed_s,
+                "reward_wait_frac": wait_s / step_s,
+                "tokens_per_s": roll.action_tokens / step_s,
+            }
+        )
+        summary = reduce_record(record, dist, device)
+        run.logger.step(summary)
+        if step + 1 < cfg.steps:
+            if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
+                run_eval(run, step + 1)
+            if cfg.save_every and (step + 1) % cfg.save_every == 0:
+                run.save(step + 1)
+
+    if cfg.eval_every:
+        run_eval(run, cfg.steps)
+    run.save(cfg.steps)
+    if dist.main and cfg.plot:
+        plot_curves(run.run_dir)
+    return summary
 
 
 @dataclass
@@ -56,259 +126,101 @@ class Pending:
 
     rollout: Rollout
     rewards: Future[BatchRewards]
-    gen_s: float
-    logp_s: float
+    gen_s: float  # sampling time
+    logp_s: float  # behaviour/reference log-prob time
 
 
-def train(cfg: TrainerConfig) -> dict[str, Any]:
-    dist, device = init_distributed(cfg.device, cfg.cpu_threads)
-    setup_logging(dist.main)
-    precision = resolve_precision(cfg.precision, device)
-    run_dir = prepare_run_dir(cfg, dist)
-    if dist.main:
+def produce(run: Run, step: int) -> Pending:
+    """Rollout with the current policy, send the groups for scoring, then compute the
+    behaviour/reference log-probs while the requests are in flight."""
+    cfg, G = run.cfg, run.cfg.group_size
+    t0 = time.perf_counter()
+    idx = batch_indices(
+        len(run.problems),
+        seed=cfg.seed,
+        step=step,
+        rank=run.dist.rank,
+        world=run.dist.world,
+        per_rank=cfg.prompts_per_step,
+    )
+    batch = [run.problems[i] for i in idx]
+    roll = rollout_batch(run.sampler, run.tokenizer, batch, run.spec, run.sampling_for(step))
+    gen_s = time.perf_counter() - t0
+    groups = [
+        ScoreGroup(
+            id=p.id,
+            prompt=p.question,
+            reference=p.reference,
+            responses=roll.texts[g * G : (g + 1) * G],
+        )
+        for g, p in enumerate(batch)
+    ]
+    future = run.rewards.submit(cfg.recipe, groups)
+    t1 = time.perf_counter()
+    if cfg.mu > 1 or cfg.pipeline:  # else the ratio is exactly 1: reuse detached log-probs
+        roll.old_logps = sequence_logprobs(run.policy, roll, cfg.micro_batch_size, run.precision)
+    if run.ref is not None:
+        roll.ref_logps = sequence_logprobs(run.ref, roll, cfg.micro_batch_size, run.precision)
+    return Pending(roll, future, gen_s, time.perf_counter() - t1)
+
+
+def _pipelined_share(current: Pending, pending: Pending | None, first: bool) -> Pending:
+    """Sampling time spent in this iteration: the next batch's (+ the first batch's, once)."""
+    gen_s = (current.gen_s if first else 0.0) + (pending.gen_s if pending else 0.0)
+    logp_s = (current.logp_s if first else 0.0) + (pending.logp_s if pending else 0.0)
+    return Pending(current.rollout, current.rewards, gen_s, logp_s)
+
+
+def wait_for_rewards(run: Run, pending: Pending, step: int) -> BatchRewards | None:
+    """The batch's rewards, or None when any rank got none (the batch is skipped)."""
+    result: BatchRewards | None = None
+    try:
+        result = pending.rewards.result()
+    except RewardsUnavailable as e:
+        log.warning("step %d: batch skipped, no rewards: %s", step, e)
+    if run.dist.any(result is None, run.device):
+        run.skipped_in_row += 1
+        run.logger.write({"kind": "skip", "step": step + 1, "reason": "rewards unavailable"})
+        if run.skipped_in_row > run.cfg.max_skipped_batches:
+            raise RuntimeError(
+                f"{run.skipped_in_row} batches in a row without rewards: "
+                f"is the gateway at {run.cfg.gateway_url} up?"
+            )
+        return None
+    assert result is not None
+    run.skipped_in_row = 0
+    for kind, n in result.error_kinds().items():
+        if kind not in run.seen_error_kinds:  # say it once per kind; counts go to the metrics
+            run.seen_error_kinds.add(kind)
+            log.warning(
+                "step %d: %d null reward(s) of kind %r (masked, advantage 0)", step, n, kind
+            )
+    if result.fingerprint != run.fingerprint:
+        if run.fingerprint:
+            log.warning("recipe fingerprint changed: %s -> %s", run.fingerprint, result.fingerprint)
+        run.fingerprint = result.fingerprint
+        run.logger.write(
+            {
+                "kind": "recipe",
+                "step": step + 1,
+                "recipe": result.recipe_name,
+                "fingerprint": result.fingerprint,
+            }
+        )
+    return result
+
+
+def run_eval(run: Run, step: int) -> None:
+    try:
+        m = evaluate(run)
+    except RewardsUnavailable as e:
+        log.warning("evaluation at step %d skipped: %s", step, e)
+        return
+    run.logger.write({"kind": "eval", "step": step, **m})
+    if run.dist.main:
         log.info(
-            "config (saved to %s):\n%s",
-            run_dir / "config.yaml",
-            (run_dir / "config.yaml").read_text(),
+            "eval step %d: accuracy %.3f over %d problems",
+            step,
+            m["eval/accuracy"],
+            len(run.eval_problems),
         )
-    torch.manual_seed(cfg.seed + dist.rank)
-
-    # --- models: the policy (from the latest checkpoint when resuming), the frozen reference
-    resume_from = checkpoint.latest(run_dir) if cfg.resume else None
-    if cfg.resume and resume_from is None:
-        log.warning("resume=true but %s holds no complete checkpoint: starting at step 0", run_dir)
-    tokenizer = load_tokenizer(cfg.model)
-    policy = load_model(
-        resume_from or cfg.model,
-        device,
-        precision,
-        trainable=True,
-        gradient_checkpointing=cfg.gradient_checkpointing,
-    )
-    ref = load_model(cfg.model, device, precision, trainable=False) if cfg.beta > 0 else None
-    model: Any = policy
-    if dist.enabled:
-        ids = [device.index] if device.type == "cuda" else None
-        model = torch.nn.parallel.DistributedDataParallel(policy, device_ids=ids)
-    opt, sched = build_optimizer(
-        policy,
-        lr=cfg.lr,
-        betas=(cfg.adam_betas[0], cfg.adam_betas[1]),
-        weight_decay=cfg.weight_decay,
-        warmup_steps=cfg.warmup_steps,
-    )
-    start_step, fingerprint = 0, ""
-    if resume_from is not None:
-        state = checkpoint.load_state(resume_from)
-        opt.load_state_dict(state["optimizer"])
-        sched.load_state_dict(state["scheduler"])
-        start_step, fingerprint = int(state["step"]), state.get("recipe_fingerprint", "")
-        log.info("resumed from %s at step %d", resume_from, start_step)
-
-    # --- data, rewards, environment, logging
-    problems = load_problems(f"{cfg.data_dir}/{cfg.train_file}", cfg.max_train_problems)
-    eval_problems = (
-        load_problems(f"{cfg.data_dir}/{cfg.eval_file}", cfg.eval_problems)
-        if cfg.eval_every
-        else []
-    )
-    rewards = RewardClient(
-        cfg.gateway_url,
-        concurrency=cfg.reward_concurrency,
-        timeout_s=cfg.reward_timeout_s,
-        retries=cfg.reward_retries,
-        backoff_s=cfg.reward_backoff_s,
-        api_key=cfg.api_key,
-    )
-    logger = RunLogger(
-        run_dir,
-        total_steps=cfg.steps,
-        start_step=start_step,
-        enabled=dist.main,
-        progress=cfg.progress,
-    )
-    G = cfg.group_size
-    need_old = cfg.mu > 1 or cfg.pipeline  # else the ratio is exactly 1: reuse detached log-probs
-
-    def run_eval(step: int) -> None:
-        try:
-            m = evaluate(cfg, policy, tokenizer, eval_problems, rewards, dist, device, precision)
-        except RewardsUnavailable as e:
-            log.warning("evaluation at step %d skipped: %s", step, e)
-            return
-        logger.write({"kind": "eval", "step": step, **m})
-        if dist.main:
-            log.info(
-                "eval step %d: accuracy %.3f over %d problems",
-                step,
-                m["eval/accuracy"],
-                len(eval_problems),
-            )
-
-    def produce(step: int) -> Pending:
-        """1. Rollout with the current policy, 2. send the groups for scoring, then compute
-        behaviour/reference log-probs while the requests are in flight."""
-        t0 = time.perf_counter()
-        batch = [
-            problems[i]
-            for i in batch_indices(
-                len(problems),
-                seed=cfg.seed,
-                step=step,
-                rank=dist.rank,
-                world=dist.world,
-                per_rank=cfg.prompts_per_step,
-            )
-        ]
-        gen = torch.Generator(device).manual_seed(cfg.seed * 1_000_003 + step * 1009 + dist.rank)
-        common: dict[str, Any] = dict(
-            group_size=G,
-            max_new_tokens=cfg.max_new_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            max_prompt_tokens=cfg.max_prompt_tokens,
-            system_prompt=cfg.system_prompt,
-            generator=gen,
-            precision=precision,
-            device=device,
-        )
-        rollout = rollout_batch(
-            policy, tokenizer, batch, env=cfg.env, max_turns=cfg.max_turns, **common
-        )
-        gen_s = time.perf_counter() - t0
-        groups = [
-            ScoreGroup(
-                id=p.id,
-                prompt=p.question,
-                reference=p.reference,
-                responses=rollout.texts[g * G : (g + 1) * G],
-            )
-            for g, p in enumerate(batch)
-        ]
-        future = rewards.submit(cfg.recipe, groups)
-        t1 = time.perf_counter()
-        if need_old:
-            rollout.old_logps = sequence_logprobs(policy, rollout, cfg.micro_batch_size, precision)
-        if ref is not None:
-            rollout.ref_logps = sequence_logprobs(ref, rollout, cfg.micro_batch_size, precision)
-        return Pending(rollout, future, gen_s, time.perf_counter() - t1)
-
-    def save(step: int) -> None:
-        """Checkpoint (policy, optimizer, scheduler) tagged with the recipe it trained on."""
-        meta = {"recipe_fingerprint": fingerprint}  # read at call time: the latest recipe
-        checkpoint.save(run_dir, step, policy, tokenizer, opt, sched, meta, cfg.keep_checkpoints)
-
-    # rewards thread and progress bar are closed however the run ends
-    with contextlib.closing(rewards), contextlib.closing(logger):
-        if cfg.eval_every and start_step == 0:
-            run_eval(0)
-        t_first = time.perf_counter()
-        pending = produce(start_step) if cfg.pipeline else None
-        skipped_in_row, summary, seen_error_kinds = 0, {}, set()
-        for step in range(start_step, cfg.steps):
-            t_step = t_first if step == start_step else time.perf_counter()
-            # 1-2. Rollout + reward requests (pipelined: sample batch k+1 while k is scored)
-            if pending is not None:
-                current = pending
-                pending = produce(step + 1) if step + 1 < cfg.steps else None
-                # time spent this iteration: the next batch's sampling (+ the first batch's, once)
-                gen_s = (current.gen_s if step == start_step else 0.0) + (
-                    pending.gen_s if pending else 0.0
-                )
-                logp_s = (current.logp_s if step == start_step else 0.0) + (
-                    pending.logp_s if pending else 0.0
-                )
-            else:
-                current = produce(step)
-                gen_s, logp_s = current.gen_s, current.logp_s
-            roll = current.rollout
-
-            # 3. Wait for the rewards; a gateway outage skips the batch on every rank
-            t_wait = time.perf_counter()
-            result: BatchRewards | None = None
-            try:
-                result = current.rewards.result()
-            except RewardsUnavailable as e:
-                log.warning("step %d: batch skipped, no rewards: %s", step, e)
-            wait_s = time.perf_counter() - t_wait
-            if dist.any(result is None, device):
-                skipped_in_row += 1
-                logger.write({"kind": "skip", "step": step + 1, "reason": "rewards unavailable"})
-                if skipped_in_row > cfg.max_skipped_batches:
-                    raise RuntimeError(
-                        f"{skipped_in_row} batches in a row without rewards: "
-                        f"is the gateway at {cfg.gateway_url} up?"
-                    )
-                continue
-            assert result is not None
-            skipped_in_row = 0
-            for kind, n in result.error_kinds().items():
-                if kind not in seen_error_kinds:  # say it once per kind; counts go to the metrics
-                    seen_error_kinds.add(kind)
-                    log.warning(
-                        "step %d: %d null reward(s) of kind %r (masked, advantage 0)", step, n, kind
-                    )
-            if result.fingerprint != fingerprint:
-                if fingerprint:
-                    log.warning(
-                        "recipe fingerprint changed: %s -> %s", fingerprint, result.fingerprint
-                    )
-                fingerprint = result.fingerprint
-                logger.write(
-                    {
-                        "kind": "recipe",
-                        "step": step + 1,
-                        "recipe": result.recipe_name,
-                        "fingerprint": fingerprint,
-                    }
-                )
-
-            # 4. Advantages: group-normalised over non-null rewards; null rewards -> A = 0
-            r = torch.tensor(result.flat(), dtype=torch.float32)
-            adv = group_advantages(r, G, scale=cfg.scale_rewards, eps=cfg.adv_eps).to(device)
-
-            # 5. Loss and optimizer step: mu passes over the batch, micro-batches accumulated
-            t_train = time.perf_counter()
-            stats = train_on_batch(cfg, model, policy, opt, roll, adv, dist, device, precision)
-            sched.step()
-            train_s = time.perf_counter() - t_train
-
-            # 6. Log
-            step_s = time.perf_counter() - t_step
-            record = step_metrics(result, r, G, roll, stats)
-            record.update(
-                {
-                    "step": step + 1,
-                    "lr": sched.get_last_lr()[0],
-                    "time/generate": gen_s,
-                    "time/logprobs": logp_s,
-                    "time/reward_wait": wait_s,
-                    "time/train": train_s,
-                    "time/step": step_s,
-                    "time/reward_latency": result.elapsed_s,
-                    "reward_wait_frac": wait_s / step_s,
-                    "tokens_per_s": roll.action_tokens / step_s,
-                }
-            )
-            record = reduce_record(record, dist, device)
-            logger.step(record)
-            summary = record
-            if cfg.eval_every and (step + 1) % cfg.eval_every == 0 and step + 1 < cfg.steps:
-                run_eval(step + 1)
-            if (
-                cfg.save_every
-                and (step + 1) % cfg.save_every == 0
-                and step + 1 < cfg.steps
-                and dist.main
-            ):
-                save(step + 1)
-
-        # --- end: final eval, checkpoint, curves
-        if cfg.eval_every:
-            run_eval(cfg.steps)
-        if dist.main:
-            save(cfg.steps)
-            if cfg.plot:
-                plot_curves(run_dir)
-    dist.barrier()
-    return summary

@@ -6,6 +6,7 @@ Layout of a batch of S = groups x G sequences (rows of a group adjacent)::
     attention_mask (S, P + N)   1 on real tokens (prompt, actions, observations)
     loss_mask      (S, N)       1 on the policy's own tokens (actions) only
 
+What to sample is a ``SamplingParams``; how prompts become a batch is a ``RolloutSpec``.
 Every call into the sampler goes through ``generate`` below (one place to adapt).
 """
 
@@ -17,9 +18,22 @@ from typing import Any
 
 import torch
 
-from arbiter.trainer import generation
 from arbiter.trainer.data import Problem, chat_messages, render_prompt
+from arbiter.trainer.generation import Sampler
 from arbiter.trainer.grpo import completion_logits, token_logprobs
+from arbiter.trainer.sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class RolloutSpec:
+    """How problems become sampled sequences (the rest is ``SamplingParams``)."""
+
+    group_size: int  # G completions per problem, rows of a group adjacent
+    max_prompt_tokens: int  # longer prompts are left-truncated
+    system_prompt: str = ""
+    env: str = "none"  # "none": single turn; else a multi-turn environment (trainer.env)
+    max_turns: int = 1  # multi-turn only
+    precision: str = "fp32"  # bf16-mixed: sample under bf16 autocast
 
 
 @dataclass
@@ -53,30 +67,15 @@ def autocast(device: torch.device, precision: str) -> contextlib.AbstractContext
 
 
 def generate(
-    model: Any,
+    sampler: Sampler,
     prompt_ids: torch.Tensor,
     prompt_mask: torch.Tensor,
-    *,
-    tokenizer: Any,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    generator: torch.Generator | None,
+    params: SamplingParams,
     precision: str,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The single call site of the sampler: (S, P) left-padded -> (S, N) ids, (S, N) bool mask."""
     with autocast(prompt_ids.device, precision):
-        return generation.sample(
-            model,
-            prompt_ids,
-            prompt_mask,
-            max_new_tokens=max_new_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            eos_token_id=tokenizer.eos_token_id,
-            pad_token_id=tokenizer.pad_token_id,
-            generator=generator,
-        )
+        return sampler(prompt_ids, prompt_mask, params)
 
 
 def encode_prompts(
@@ -97,38 +96,24 @@ def encode_prompts(
 
 
 def single_turn(
-    model: Any,
+    sampler: Sampler,
     tokenizer: Any,
     problems: list[Problem],
-    *,
-    group_size: int,
-    max_new_tokens: int,
-    temperature: float,
-    top_p: float,
-    max_prompt_tokens: int,
-    system_prompt: str,
-    generator: torch.Generator | None,
-    precision: str,
-    device: torch.device,
+    spec: RolloutSpec,
+    params: SamplingParams,
 ) -> Rollout:
     """B problems -> B x G completions in one sampler call."""
-    prompts = [render_prompt(tokenizer, chat_messages(p.question, system_prompt)) for p in problems]
-    repeated = [p for p in prompts for _ in range(group_size)]
-    prompt_ids, prompt_mask = encode_prompts(tokenizer, repeated, device, max_prompt_tokens)
-    comp_ids, comp_mask = generate(
-        model,
-        prompt_ids,
-        prompt_mask,
-        tokenizer=tokenizer,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        generator=generator,
-        precision=precision,
+    prompts = [
+        render_prompt(tokenizer, chat_messages(p.question, spec.system_prompt)) for p in problems
+    ]
+    repeated = [p for p in prompts for _ in range(spec.group_size)]
+    prompt_ids, prompt_mask = encode_prompts(
+        tokenizer, repeated, sampler.device, spec.max_prompt_tokens
     )
+    comp_ids, comp_mask = generate(sampler, prompt_ids, prompt_mask, params, spec.precision)
     comp_mask = comp_mask.to(prompt_mask.dtype)
     texts = tokenizer.batch_decode(
-        comp_ids.masked_fill(comp_mask == 0, tokenizer.pad_token_id), skip_special_tokens=True
+        comp_ids.masked_fill(comp_mask == 0, params.pad_token_id), skip_special_tokens=True
     )
     return Rollout(
         problems=problems,

@@ -1,5 +1,7 @@
-"""The sampling distribution of ``trainer.generation`` and its small helpers.
+"""What to sample (``SamplingParams``) and the distribution ``trainer.generation`` draws from.
 
+``SamplingParams`` is the one object that carries the sampling settings from the training
+loop through the environment and the rollout to the sampler (as vLLM's does).
 ``sampling_probs`` is the distribution HF ``generate`` samples from (float32 logits /
 temperature, then transformers' ``TopPLogitsWarper`` rules, no top-k); ``_choose`` draws
 one token per row from it by inverse CDF with a uniform number given up front, so the draw
@@ -11,8 +13,41 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How completions are drawn: length, distribution, stop and pad tokens, randomness.
+
+    ``temperature == 0`` is greedy; otherwise float32 logits / temperature, then top-p as
+    transformers' ``TopPLogitsWarper``. A row ends at its first ``eos_token_id`` (kept in the
+    completion mask) or after ``max_new_tokens``. ``generator`` (on the model's device) makes
+    the draw reproducible; ``None`` uses the global RNG.
+    """
+
+    max_new_tokens: int
+    eos_token_id: int
+    pad_token_id: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer: Any, max_new_tokens: int, **kw: Any) -> SamplingParams:
+        """Stop at the tokenizer's EOS and pad with its pad token."""
+        return cls(max_new_tokens, tokenizer.eos_token_id, tokenizer.pad_token_id, **kw)
 
 
 def completion_mask_from_ids(completion_ids: torch.Tensor, eos_token_id: int) -> torch.Tensor:

@@ -9,17 +9,13 @@ shape (``{"question", "answer": "...#### N"}``; the references are always correc
     A: <think>12 + 7 = 19. 19 - 5 = 14.</think><answer>14</answer>
 
 Numbers are small (sums of two numbers up to 20, products of digits) so that a few-million
-parameter model learns the arithmetic in under a minute of SFT on a GPU. A short pass (200 steps)
-leaves a model that writes the format but is unsure of its sums: greedy accuracy ~24 %, yet
-~73 % of problems solved by one of 16 samples, which is what GRPO through the gateway,
-rewarded by the verify service, can turn into accuracy. ``slip_rate`` > 0 instead plants a
-misconception in that share of the demonstrations (see ``write_dataset``), a much easier
-task for GRPO, kept for comparison. Prompts are rendered exactly as the trainer renders
-them (``trainer.data.chat_messages`` + the chat template).
-
-With ``slip_rate=0`` (only correct demonstrations, the default) and a 200-step SFT pass
-(24 % held-out), GRPO at lr 5e-5 with a KL term to the warm start reached 59 % in 7.5 minutes
-on an H200; at lr 3e-4 it made the model worse. See the README's "Trainer on the GPU".
+parameter model learns the arithmetic in a short SFT pass. A short pass leaves a model that
+writes the format but is unsure of its sums, yet often finds the right answer among several
+samples: what GRPO through the gateway, rewarded by the verify service, can turn into
+accuracy. ``slip_rate`` > 0 instead plants a misconception in that share of the
+demonstrations (see ``write_dataset``), a much easier task for GRPO, kept for comparison.
+Prompts are rendered exactly as the trainer renders them (``trainer.data.chat_messages`` +
+the chat template). Measured accuracies and learning runs: bench/results/trainer_notes.md.
 
     python -m arbiter.trainer.sft data OUT_DIR [--train 20000 --test 500 --slip-rate 0.6]
     python -m arbiter.trainer.sft train OUT_MODEL_DIR --data DATA_DIR [--steps 2500 ...]
@@ -266,21 +262,20 @@ def answers_right(
     import re
 
     from arbiter.trainer.data import chat_messages, render_prompt
-    from arbiter.trainer.generation import sample
+    from arbiter.trainer.generation import SamplingParams, sample
 
     prompts = [render_prompt(tokenizer, chat_messages(p.question)) for p in problems]
     tokenizer.padding_side = "left"
     dev = next(model.parameters()).device
     enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    params = SamplingParams.for_tokenizer(
+        tokenizer, max_new_tokens, temperature=temperature, generator=generator
+    )
     ids, _ = sample(
         model,
         enc["input_ids"].to(dev).repeat_interleave(repeats, 0),
         enc["attention_mask"].to(dev).repeat_interleave(repeats, 0),
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        generator=generator,
+        params,
     )
     texts = tokenizer.batch_decode(ids, skip_special_tokens=True)
     hits = []

@@ -19,16 +19,16 @@ from arbiter.trainer.rollout import Rollout, autocast
 def train_on_batch(
     cfg: TrainerConfig,
     model: Any,
-    policy: Any,
     opt: torch.optim.Optimizer,
     roll: Rollout,
     adv: torch.Tensor,
     dist: Any,
-    device: torch.device,
     precision: str,
 ) -> dict[str, float]:
-    """mu passes of clipped-surrogate updates; returns summed token statistics."""
+    """mu passes of clipped-surrogate updates of ``model`` (the policy or its DDP wrapper);
+    returns summed token statistics."""
     S, N, mbs = len(roll), roll.n_completion, cfg.micro_batch_size
+    device = roll.input_ids.device
     lens = roll.loss_mask.sum(-1)
     tokens, seqs = dist.all_sum([float(lens.sum()), float((lens > 0).sum())], device)
     # DDP averages gradients over ranks, so each rank divides by the global count / world
@@ -78,7 +78,7 @@ def train_on_batch(
             del logits, logps, parts
         if cfg.max_grad_norm > 0:
             acc["grad_norm"] = float(
-                torch.nn.utils.clip_grad_norm_(policy.parameters(), cfg.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.max_grad_norm)
             )
         opt.step()
     local = max(1.0, float(lens.sum()))

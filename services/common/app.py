@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -188,7 +188,3 @@ def create_service_app(
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"], include_in_schema=False)
     app.add_middleware(TimingMiddleware, service=service)
     return app
-
-
-async def no_lifespan(_: FastAPI) -> AsyncIterator[None]:
-    yield

@@ -43,11 +43,6 @@ class Encoded:
     truncated: np.ndarray  # (n,) bool: the text was longer than max_seq_length
 
 
-def l2_normalize(x: np.ndarray) -> np.ndarray:
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return np.divide(x, norms, out=np.zeros_like(x), where=norms > 0)
-
-
 def resolve_device(device: str) -> str:
     import torch
 

@@ -15,6 +15,7 @@ import torch
 from arbiter.tiny_model import build
 from arbiter.trainer.generation import (
     Sampler,
+    SamplingParams,
     _choose,
     completion_mask_from_ids,
     sample,
@@ -66,9 +67,7 @@ def test_greedy_equals_hf_generate(tiny: tuple[Any, Any]) -> None:
     pad = tok.pad_token_id
     ref = _hf_greedy(model, ids, mask, 24, eos=-1, pad=pad)  # no EOS: all 24 tokens
     assert len(set(ref[0].tolist())) > 3, "test model should produce varied text"
-    got, cmask = sample(
-        model, ids, mask, max_new_tokens=24, temperature=0.0, eos_token_id=-1, pad_token_id=pad
-    )
+    got, cmask = sample(model, ids, mask, SamplingParams(24, -1, pad, temperature=0.0))
     assert torch.equal(got, ref)
     assert cmask.all()
 
@@ -80,9 +79,7 @@ def test_eos_mask_and_padding_match_hf(tiny: tuple[Any, Any]) -> None:
     free = _hf_greedy(model, ids, mask, 24, eos=-1, pad=pad)
     eos = int(free[0, 5])  # a token row 0 emits at step 5: rows stop wherever it first appears
     ref = _hf_greedy(model, ids, mask, 24, eos=eos, pad=pad)
-    got, cmask = sample(
-        model, ids, mask, max_new_tokens=24, temperature=0.0, eos_token_id=eos, pad_token_id=pad
-    )
+    got, cmask = sample(model, ids, mask, SamplingParams(24, eos, pad, temperature=0.0))
     # HF stops when every row is done, so it may be narrower or wider than our trimmed width
     width = got.shape[1]
     assert width == int(cmask.sum(-1).max())
@@ -96,12 +93,11 @@ def test_eos_mask_and_padding_match_hf(tiny: tuple[Any, Any]) -> None:
 def test_left_padding_does_not_change_a_row(tiny: tuple[Any, Any]) -> None:
     model, tok = tiny
     ids, mask = _enc(tok, PROMPTS)
-    batch, _ = sample(model, ids, mask, max_new_tokens=12, temperature=0.0,
-                      eos_token_id=-1, pad_token_id=tok.pad_token_id)  # fmt: skip
+    params = SamplingParams(12, -1, tok.pad_token_id, temperature=0.0)
+    batch, _ = sample(model, ids, mask, params)
     for i, prompt in enumerate(PROMPTS):
         one_ids, one_mask = _enc(tok, [prompt])
-        alone, _ = sample(model, one_ids, one_mask, max_new_tokens=12, temperature=0.0,
-                          eos_token_id=-1, pad_token_id=tok.pad_token_id)  # fmt: skip
+        alone, _ = sample(model, one_ids, one_mask, params)
         assert torch.equal(alone[0], batch[i]), PROMPTS[i]
 
 
@@ -117,11 +113,14 @@ def test_seeded_sampling_is_reproducible(
 ) -> None:
     model, tok = tiny
     ids, mask = _enc(tok, PROMPTS * 4)
-    kw = dict(max_new_tokens=16, temperature=temperature, top_p=top_p,
-              eos_token_id=-1, pad_token_id=tok.pad_token_id)  # fmt: skip
-    a, _ = sample(model, ids, mask, generator=torch.Generator().manual_seed(1), **kw)
-    b, _ = sample(model, ids, mask, generator=torch.Generator().manual_seed(1), **kw)
-    c, _ = sample(model, ids, mask, generator=torch.Generator().manual_seed(2), **kw)
+
+    def params(seed: int) -> SamplingParams:
+        gen = torch.Generator().manual_seed(seed)
+        return SamplingParams(16, -1, tok.pad_token_id, temperature, top_p, generator=gen)
+
+    a, _ = sample(model, ids, mask, params(1))
+    b, _ = sample(model, ids, mask, params(1))
+    c, _ = sample(model, ids, mask, params(2))
     assert torch.equal(a, b)
     assert not torch.equal(a, c)
 
@@ -132,8 +131,8 @@ def test_fallback_path_greedy_matches_fast(tiny: tuple[Any, Any]) -> None:
     fast = Sampler(model)
     plain = Sampler(model)
     plain.fast = False  # the path used for architectures the functional forward doesn't cover
-    kw = dict(max_new_tokens=10, temperature=0.0, eos_token_id=-1, pad_token_id=tok.pad_token_id)
-    assert torch.equal(fast(ids, mask, **kw)[0], plain(ids, mask, **kw)[0])
+    params = SamplingParams(10, -1, tok.pad_token_id, temperature=0.0)
+    assert torch.equal(fast(ids, mask, params)[0], plain(ids, mask, params)[0])
 
 
 @pytest.mark.parametrize(
@@ -184,3 +183,18 @@ def test_distribution_matches_hf_warpers(temperature: float, top_p: float) -> No
     )
     assert (freq - hf).abs().max() < 0.012  # ~4.5 sigma at p=0.5
     assert (freq[hf == 0] == 0).all()  # filtered tokens are never drawn
+
+
+@pytest.mark.parametrize(
+    ("kw", "field"),
+    [
+        ({"max_new_tokens": 0}, "max_new_tokens"),  # nothing to sample
+        ({"top_p": 0.0}, "top_p"),  # an empty nucleus
+        ({"top_p": 1.5}, "top_p"),  # not a probability
+        ({"temperature": -1.0}, "temperature"),  # 0 is greedy; below is meaningless
+    ],
+)
+def test_sampling_params_refuse_bad_values(kw: dict[str, Any], field: str) -> None:
+    settings: dict[str, Any] = {"max_new_tokens": 4, "eos_token_id": 1, "pad_token_id": 0, **kw}
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**settings)

@@ -11,8 +11,10 @@ import torch
 from arbiter.trainer.config import TrainerConfig
 from arbiter.trainer.data import Problem
 from arbiter.trainer.env import Step, multi_turn
+from arbiter.trainer.generation import Sampler
 from arbiter.trainer.grpo import build_optimizer, completion_logits, grpo_loss, token_logprobs
-from arbiter.trainer.rollout import single_turn
+from arbiter.trainer.rollout import RolloutSpec, sequence_logprobs, single_turn
+from arbiter.trainer.sampling import SamplingParams
 from arbiter.trainer.setup import Dist, load_model, load_tokenizer
 from arbiter.trainer.update import train_on_batch
 
@@ -26,20 +28,12 @@ def _one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def _common(**kw: object) -> dict[str, object]:
-    base: dict[str, object] = dict(
-        group_size=4,
-        max_new_tokens=8,
-        temperature=1.0,
-        top_p=1.0,
-        max_prompt_tokens=128,
-        system_prompt="",
-        generator=torch.Generator().manual_seed(0),
-        precision="fp32",
-        device=torch.device("cpu"),
-    )
-    base.update(kw)
-    return base
+SPEC = RolloutSpec(group_size=4, max_prompt_tokens=128)
+
+
+def _params(tok: object, max_new_tokens: int = 8) -> SamplingParams:
+    gen = torch.Generator().manual_seed(0)
+    return SamplingParams.for_tokenizer(tok, max_new_tokens, generator=gen)
 
 
 @pytest.mark.parametrize(
@@ -69,17 +63,15 @@ def test_one_step_changes_every_parameter(tiny_model: Path, overrides: dict[str,
         trainable=True,
         gradient_checkpointing=cfg.gradient_checkpointing,
     )
-    roll = single_turn(policy, tok, PROBLEMS, **_common())  # type: ignore[arg-type]
+    roll = single_turn(Sampler(policy), tok, PROBLEMS, SPEC, _params(tok))
     if cfg.beta > 0:
         ref = load_model(tiny_model, torch.device("cpu"), "fp32", trainable=False)
-        from arbiter.trainer.rollout import sequence_logprobs
-
         roll.ref_logps = sequence_logprobs(ref, roll, 4, "fp32")
         roll.old_logps = sequence_logprobs(policy, roll, 4, "fp32")
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     opt, _ = build_optimizer(policy, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, -1.0, 1.0, 0.0, 0.0])
-    stats = train_on_batch(cfg, policy, policy, opt, roll, adv, Dist(), torch.device("cpu"), "fp32")
+    stats = train_on_batch(cfg, policy, opt, roll, adv, Dist(), "fp32")
     assert stats["grad_norm"] > 0
     unchanged = [
         n for n, p in policy.named_parameters() if p.requires_grad and torch.equal(p, before[n])
@@ -110,7 +102,8 @@ class CountingEnv:
 def test_observation_tokens_get_no_gradient(tiny_model: Path) -> None:
     tok = load_tokenizer(tiny_model)
     policy = load_model(tiny_model, torch.device("cpu"), "fp32", trainable=True)
-    roll = multi_turn(policy, tok, CountingEnv, PROBLEMS, max_turns=3, **_common(max_new_tokens=12))  # type: ignore[arg-type]
+    spec = RolloutSpec(group_size=4, max_prompt_tokens=128, env="counting", max_turns=3)
+    roll = multi_turn(Sampler(policy), tok, CountingEnv, PROBLEMS, spec, _params(tok, 12))
     obs_ids = tok(CountingEnv.OBS, add_special_tokens=False)["input_ids"]
     N = roll.n_completion
     comp = roll.input_ids[:, -N:]

@@ -1,0 +1,203 @@
+"""A training run's parts, built once: models, optimizer, data, rewards client, sampler, resume.
+
+``build_run(cfg)`` returns a ``Run``; the loop in ``trainer.loop`` only reads it (and
+advances ``fingerprint`` and the skip counter). Resuming loads the newest complete
+checkpoint: weights, optimizer, scheduler, step, recipe fingerprint and this rank's RNG
+states, so the run continues as if it had never stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from arbiter.trainer import checkpoint
+from arbiter.trainer.config import TrainerConfig
+from arbiter.trainer.data import Problem, load_problems
+from arbiter.trainer.generation import Sampler
+from arbiter.trainer.grpo import build_optimizer
+from arbiter.trainer.metrics import RunLogger
+from arbiter.trainer.rewards import RewardClient
+from arbiter.trainer.rollout import RolloutSpec
+from arbiter.trainer.sampling import SamplingParams
+from arbiter.trainer.setup import (
+    Dist,
+    init_distributed,
+    load_model,
+    load_tokenizer,
+    prepare_run_dir,
+    resolve_precision,
+    setup_logging,
+)
+
+log = logging.getLogger("trainer")
+
+
+@dataclass
+class Run:
+    """Everything one training run holds."""
+
+    cfg: TrainerConfig
+    dist: Dist
+    device: torch.device
+    precision: str  # resolved: fp32, bf16-mixed or bf16
+    run_dir: Path
+    tokenizer: Any
+    policy: Any  # the trained model
+    model: Any  # what the training forward calls: the policy, or its DDP wrapper
+    ref: Any | None  # the frozen reference (beta > 0)
+    sampler: Sampler
+    opt: torch.optim.Optimizer
+    sched: torch.optim.lr_scheduler.LambdaLR
+    problems: list[Problem]
+    eval_problems: list[Problem]
+    rewards: RewardClient
+    logger: RunLogger
+    spec: RolloutSpec
+    sampling: SamplingParams  # the rollouts' settings; each step sets its own generator
+    start_step: int = 0
+    fingerprint: str = ""  # of the recipe the latest rewards came from
+    skipped_in_row: int = 0
+    seen_error_kinds: set[str] = field(default_factory=set)
+
+    def sampling_for(self, step: int) -> SamplingParams:
+        """The step's sampling settings; its generator is a function of (seed, step, rank)."""
+        seed = self.cfg.seed * 1_000_003 + step * 1009 + self.dist.rank
+        gen = torch.Generator(self.device).manual_seed(seed)
+        return dataclasses.replace(self.sampling, generator=gen)
+
+    def eval_sampling(self) -> tuple[RolloutSpec, SamplingParams]:
+        """Greedy, one completion per problem."""
+        max_new = self.cfg.eval_max_new_tokens or self.cfg.max_new_tokens
+        spec = dataclasses.replace(self.spec, group_size=1)
+        params = dataclasses.replace(
+            self.sampling, max_new_tokens=max_new, temperature=0.0, top_p=1.0
+        )
+        return spec, params
+
+    def save(self, step: int) -> None:
+        """Checkpoint (policy, optimizer, scheduler, RNG) tagged with the recipe it trained on."""
+        meta = {"recipe_fingerprint": self.fingerprint}
+        checkpoint.save(
+            self.run_dir,
+            step,
+            self.policy,
+            self.tokenizer,
+            self.opt,
+            self.sched,
+            meta,
+            self.cfg.keep_checkpoints,
+            self.dist,
+        )
+
+    def close(self) -> None:
+        self.rewards.close()
+        self.logger.close()
+
+
+def build_run(cfg: TrainerConfig) -> Run:
+    dist, device = init_distributed(cfg.device, cfg.cpu_threads)
+    setup_logging(dist.main)
+    precision = resolve_precision(cfg.precision, device)
+    run_dir = prepare_run_dir(cfg, dist)
+    if dist.main:
+        log.info(
+            "config (saved to %s):\n%s",
+            run_dir / "config.yaml",
+            (run_dir / "config.yaml").read_text(),
+        )
+    torch.manual_seed(cfg.seed + dist.rank)
+
+    # models: the policy (from the latest checkpoint when resuming) and the frozen reference
+    resume_from = checkpoint.latest(run_dir) if cfg.resume else None
+    if cfg.resume and resume_from is None:
+        log.warning("resume=true but %s holds no complete checkpoint: starting at step 0", run_dir)
+    tokenizer = load_tokenizer(cfg.model)
+    policy = load_model(
+        resume_from or cfg.model,
+        device,
+        precision,
+        trainable=True,
+        gradient_checkpointing=cfg.gradient_checkpointing,
+    )
+    ref = load_model(cfg.model, device, precision, trainable=False) if cfg.beta > 0 else None
+    model: Any = policy
+    if dist.enabled:
+        ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(policy, device_ids=ids)
+    opt, sched = build_optimizer(
+        policy,
+        lr=cfg.lr,
+        betas=(cfg.adam_betas[0], cfg.adam_betas[1]),
+        weight_decay=cfg.weight_decay,
+        warmup_steps=cfg.warmup_steps,
+    )
+    start_step, fingerprint = 0, ""
+    if resume_from is not None:
+        state = checkpoint.load_state(resume_from, dist.rank)
+        opt.load_state_dict(state["optimizer"])
+        sched.load_state_dict(state["scheduler"])
+        checkpoint.restore_rng(state)
+        start_step, fingerprint = int(state["step"]), state.get("recipe_fingerprint", "")
+        log.info("resumed from %s at step %d", resume_from, start_step)
+
+    # data, rewards, logging, sampling
+    problems = load_problems(f"{cfg.data_dir}/{cfg.train_file}", cfg.max_train_problems)
+    eval_problems = (
+        load_problems(f"{cfg.data_dir}/{cfg.eval_file}", cfg.eval_problems)
+        if cfg.eval_every
+        else []
+    )
+    rewards = RewardClient(
+        cfg.gateway_url,
+        concurrency=cfg.reward_concurrency,
+        timeout_s=cfg.reward_timeout_s,
+        retries=cfg.reward_retries,
+        backoff_s=cfg.reward_backoff_s,
+        api_key=cfg.api_key,
+    )
+    logger = RunLogger(
+        run_dir,
+        total_steps=cfg.steps,
+        start_step=start_step,
+        enabled=dist.main,
+        progress=cfg.progress,
+    )
+    spec = RolloutSpec(
+        group_size=cfg.group_size,
+        max_prompt_tokens=cfg.max_prompt_tokens,
+        system_prompt=cfg.system_prompt,
+        env=cfg.env,
+        max_turns=cfg.max_turns,
+        precision=precision,
+    )
+    sampling = SamplingParams.for_tokenizer(
+        tokenizer, cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
+    )
+    return Run(
+        cfg=cfg,
+        dist=dist,
+        device=device,
+        precision=precision,
+        run_dir=run_dir,
+        tokenizer=tokenizer,
+        policy=policy,
+        model=model,
+        ref=ref,
+        sampler=Sampler(policy),
+        opt=opt,
+        sched=sched,
+        problems=problems,
+        eval_problems=eval_problems,
+        rewards=rewards,
+        logger=logger,
+        spec=spec,
+        sampling=sampling,
+        start_step=start_step,
+        fingerprint=fingerprint,
+    )
