@@ -1,7 +1,7 @@
 """MkDocs hook: settings tables generated from the settings classes at build time.
 
-A page writes a marker and the build replaces it with a table, so the docs cannot drift
-from the code:
+A page writes a marker on a line of its own and the build replaces it with a table, so
+the docs cannot drift from the code:
 
 - ``<!-- settings: gateway -->`` (also ``verify``, ``embedding``, ``judge``): the
   pydantic-settings class in ``arbiter.services.<name>.settings``: environment variable
@@ -26,7 +26,10 @@ import types
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
-MARKER = re.compile(r"<!--\s*(settings:\s*([a-z_]+)|error-kinds|error-types)\s*-->")
+# A marker is a line of its own (one quoted inside `code` in the prose is left alone).
+MARKER = re.compile(
+    r"^[ \t]*<!--\s*(settings:\s*([a-z_]+)|error-kinds|error-types)\s*-->[ \t]*$", re.MULTILINE
+)
 SERVICES = ("gateway", "verify", "embedding", "judge")
 # Where the wire's failure vocabulary (ErrorKind, ErrorType, RETRYABLE_KINDS) may live.
 ERROR_MODULES = ("arbiter.proto.errors", "arbiter.proto.components")
