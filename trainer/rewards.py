@@ -6,10 +6,12 @@ asyncio event loop in a daemon thread with one shared ``httpx.AsyncClient``. The
 computes reference/old log-probs meanwhile and then blocks on ``result()``; the time it
 still blocks is the reward wait it logs.
 
-Failure policy: connect errors, timeouts and 429/503/504 are retried with exponential
-backoff; when retries run out the whole batch fails with ``RewardsUnavailable`` and the
-trainer skips it (never trains on invented rewards). A 4xx other than 429 is a bug in
-the request or the recipe: ``RewardRequestError``, which stops the run.
+Failure policy (``arbiter.errors``): connect errors, timeouts, 429 and every 5xx are
+retried with exponential backoff; when retries run out the whole batch fails with
+``RewardsUnavailable`` (an ``Unavailable``) and the trainer skips it (never trains on
+invented rewards). A 4xx other than 429 is a bug in the request or the recipe: the
+gateway's ``InvalidRequest`` (e.g. ``Unprocessable`` for an unknown recipe) is raised as
+it came, and stops the run.
 """
 
 from __future__ import annotations
@@ -25,19 +27,21 @@ from typing import Any
 
 import httpx
 
+from arbiter.errors import (
+    ArbiterError,
+    BadResponse,
+    InvalidRequest,
+    Timeout,
+    Unavailable,
+    from_response,
+)
 from arbiter.proto.gateway import Recipe, ScoreGroup, ScoreRequest, ScoreResponse
 
 log = logging.getLogger(__name__)
 
-RETRYABLE_STATUS = {429, 502, 503, 504}
 
-
-class RewardsUnavailable(RuntimeError):
+class RewardsUnavailable(Unavailable):
     """The gateway could not be reached (or kept failing) past the retry limit."""
-
-
-class RewardRequestError(RuntimeError):
-    """The gateway refused the request (400/404/413/422): fix the recipe or the request."""
 
 
 @dataclass
@@ -179,7 +183,7 @@ class RewardClient:
         assert self._client is not None and self._sem is not None
         body = ScoreRequest(recipe=recipe, groups=[group]).model_dump(mode="json")
         url = f"{self.base_url}/v1/score"
-        last = ""
+        last: ArbiterError = Unavailable("no attempt made")
         for attempt in range(self.retries + 1):
             if attempt:
                 delay = min(30.0, self.backoff_s * 2 ** (attempt - 1))
@@ -189,23 +193,21 @@ class RewardClient:
                 async with self._sem:
                     resp = await self._client.post(url, json=body)
             except (httpx.TransportError, httpx.TimeoutException) as e:
-                last = f"{type(e).__name__}: {e}"
+                unreachable = Timeout if isinstance(e, httpx.TimeoutException) else Unavailable
+                last = unreachable(f"{type(e).__name__}: {e}")
                 continue
             if resp.status_code == 200:
                 try:
                     return ScoreResponse.model_validate_json(resp.content)
-                except ValueError as e:
-                    last = f"bad response body: {e}"
+                except ValueError as e:  # e.g. a proxy's page: retried like an outage
+                    last = BadResponse(f"bad response body: {e}"[:500])
                     continue
-            if resp.status_code in RETRYABLE_STATUS or resp.status_code >= 500:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
-                continue
-            raise RewardRequestError(
-                f"gateway refused the request: HTTP {resp.status_code}: {resp.text[:500]}"
-            )
+            last = from_response(resp.status_code, resp.content, source="gateway")
+            if isinstance(last, InvalidRequest):  # the request's fault: retrying cannot help
+                raise last
         raise RewardsUnavailable(
             f"gateway {self.base_url} failed after {self.retries + 1} attempts: {last}"
-        )
+        ) from last
 
     def close(self) -> None:
         async def _close() -> None:

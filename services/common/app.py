@@ -19,8 +19,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from arbiter.proto.common import ErrorBody, ErrorResponse, ErrorType, Health, Readiness
-from arbiter.services.common.errors import ArbiterError
+from arbiter.errors import ArbiterError, Unprocessable, from_status, to_envelope
+from arbiter.proto.common import Health, Readiness
+from arbiter.proto.errors import ErrorResponse
 
 log = logging.getLogger("arbiter")
 
@@ -43,22 +44,10 @@ def check_passes(value: str) -> bool:
 ReadyCheck = Callable[[FastAPI], Awaitable[dict[str, str]]]
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
-_STATUS_TYPES: dict[int, ErrorType] = {
-    400: "invalid_request_error",
-    404: "not_found",
-    405: "invalid_request_error",
-    413: "payload_too_large",
-    422: "invalid_request_error",
-    429: "rate_limited",
-    503: "unavailable",
-    504: "timeout",
-}
 
-
-def error_json(
-    status: int, type_: ErrorType, message: str, param: str | None = None, code: str | None = None
-) -> JSONResponse:
-    body = ErrorResponse(error=ErrorBody(type=type_, message=message, param=param, code=code))
+def error_response(exc: BaseException) -> JSONResponse:
+    """Any exception as the one envelope (``arbiter.errors.to_envelope``), as a response."""
+    status, body = to_envelope(exc)
     return JSONResponse(status_code=status, content=body.model_dump())
 
 
@@ -82,14 +71,14 @@ def validation_response(
     """The envelope for a request that failed validation; ``pick`` names the field to blame."""
     errors = list(exc.errors())
     if not errors:
-        return error_json(422, "invalid_request_error", "invalid request", None, "validation_error")
+        return error_response(Unprocessable("invalid request", code="validation_error"))
     if errors[0].get("type") == "json_invalid":
         detail = (errors[0].get("ctx") or {}).get("error", "")
         message = f"the body is not valid JSON: {detail}".rstrip(": ")
-        return error_json(422, "invalid_request_error", message, None, "invalid_json")
+        return error_response(Unprocessable(message, code="invalid_json"))
     param, msg = pick(errors)
     message = f"{param}: {msg}" if param else msg
-    return error_json(422, "invalid_request_error", message, param or None, "validation_error")
+    return error_response(Unprocessable(message, param=param or None, code="validation_error"))
 
 
 async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
@@ -97,20 +86,15 @@ async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
     return validation_response(exc)
 
 
-async def _arbiter_handler(_: Request, exc: Exception) -> JSONResponse:
-    assert isinstance(exc, ArbiterError)
-    return JSONResponse(status_code=exc.status, content=exc.envelope().model_dump())
-
-
 async def _http_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    type_ = _STATUS_TYPES.get(exc.status_code, "internal_error")
-    return error_json(exc.status_code, type_, str(exc.detail))
+    return error_response(from_status(exc.status_code, str(exc.detail)))
 
 
-async def _unhandled_handler(_: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error", exc_info=exc)
-    return error_json(500, "internal_error", f"{type(exc).__name__}: {exc}")
+async def _error_handler(_: Request, exc: Exception) -> JSONResponse:
+    if not isinstance(exc, ArbiterError):
+        log.exception("unhandled error", exc_info=exc)
+    return error_response(exc)
 
 
 class TimingMiddleware:
@@ -170,9 +154,9 @@ def create_service_app(
 
     app = FastAPI(title=title, description=description, version="1.0.0", lifespan=lifespan)
     app.add_exception_handler(RequestValidationError, _validation_handler)
-    app.add_exception_handler(ArbiterError, _arbiter_handler)
+    app.add_exception_handler(ArbiterError, _error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
-    app.add_exception_handler(Exception, _unhandled_handler)
+    app.add_exception_handler(Exception, _error_handler)
     error_responses: dict[int | str, dict[str, Any]] = {
         code: {"model": ErrorResponse} for code in (400, 413, 422, 429, 500, 503, 504)
     }

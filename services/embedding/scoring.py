@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
+from arbiter.errors import BadRequest, NotFound, RateLimited, Unavailable
 from arbiter.proto.components import (
     ComponentGroupResult,
     ComponentResponse,
     ComponentUsage,
-    ItemError,
 )
 from arbiter.proto.embedding import (
     DiversityNormalize,
@@ -41,7 +41,7 @@ from arbiter.proto.embedding import (
     ModelCard,
     ModelList,
 )
-from arbiter.services.common.errors import BadRequest, NotFound, RateLimited, Unavailable
+from arbiter.proto.errors import ItemError
 from arbiter.services.embedding.batching import DynamicBatcher, QueueFull
 from arbiter.services.embedding.encoder import Encoded, Encoder
 from arbiter.services.embedding.encoder_process import ProcessEncoder

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse
 
 from arbiter.services.common.app import create_service_app, validation_response
 from arbiter.services.gateway.cache import Cache, LRUCache, NullCache, RedisCache
+from arbiter.services.gateway.compat import router as compat_router
 from arbiter.services.gateway.fanout import ComponentClient
 from arbiter.services.gateway.recipes import RecipeBook
 from arbiter.services.gateway.routes import router
@@ -68,6 +69,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         lifespan=lifespan,
         ready=ready,
     )
+    app.include_router(compat_router)  # /v1/compat/*: other frameworks' shapes
     app.add_exception_handler(RequestValidationError, _validation_handler)
     return app
 
@@ -82,7 +84,7 @@ def _first_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
     picked: list[tuple[list[Any], str]] = []
     recipe_input: Any = None
     for err in errors:
-        loc = [p for p in err.get("loc", ()) if p != "body"]
+        loc = [p for p in err.get("loc", ()) if p not in ("body", "query", "path")]
         if loc[:2] == ["recipe", "str"]:
             recipe_input = err.get("input")
         picked.append((loc, str(err.get("msg", "invalid"))))

@@ -1,25 +1,32 @@
 """Calls to the component services: one shared httpx client, bounded, with deadlines.
 
 ``ComponentClient.call`` never raises for a component's failure: it returns either the
-parsed ``ComponentResponse`` or a ``CallFailure`` with the null kind to report
-(``unavailable`` for connection errors, 5xx and 429; ``timeout`` past the component's
-deadline or on a 504; ``bad_response`` for a body that is not the contract). A 4xx that
-names ``params`` is the caller's bad recipe params and comes back as ``bad_params``.
+parsed ``ComponentResponse`` or the ``ArbiterError`` that stands for the failure, whose
+``kind`` the nulled items get (``arbiter.errors.from_response``: ``unavailable`` for
+connection errors, 5xx and 429; ``timeout`` past the component's deadline or on a 504;
+``bad_response`` for a body that is not the contract or a 4xx). A 4xx that names
+``params`` is the caller's bad recipe params and comes back as an ``InvalidRequest``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from dataclasses import dataclass
-from typing import Any
 
 import httpx
 from prometheus_client import Counter, Histogram
 from pydantic import ValidationError
 
+from arbiter.errors import (
+    ArbiterError,
+    BadResponse,
+    InvalidRequest,
+    Timeout,
+    Unavailable,
+    Unprocessable,
+    from_response,
+)
 from arbiter.proto.components import ComponentResponse
 from arbiter.services.gateway.recipes import ComponentSpec
 from arbiter.services.gateway.settings import SERVICES, GatewaySettings
@@ -40,14 +47,9 @@ COMPONENT_CALLS = Counter(
 JSON_HEADERS = {"content-type": "application/json"}
 
 
-@dataclass(frozen=True)
-class CallFailure:
-    kind: str  # ErrorKind, or "bad_params" (the caller's recipe params were refused)
-    message: str
-    param: str | None = None  # for bad_params: the offending field inside params
-
-
-CallResult = ComponentResponse | CallFailure
+# A failure is a value here: the nulled items get its kind; only an ``InvalidRequest``
+# (the caller's recipe params were refused) fails the request.
+CallResult = ComponentResponse | ArbiterError
 
 
 def env_var(service: str) -> str:
@@ -91,8 +93,7 @@ class ComponentClient:
     async def call(self, spec: ComponentSpec, body: bytes) -> CallResult:
         url = self.url(spec)
         if url is None:
-            return CallFailure(
-                "unavailable",
+            return Unavailable(
                 f"component {spec.name!r} needs the {spec.service} service, which is not "
                 f"configured: set {env_var(spec.service)}",
             )
@@ -109,18 +110,17 @@ class ComponentClient:
                     )
                     result = self._parse(spec, resp)
         except (TimeoutError, httpx.TimeoutException):
-            result = CallFailure(
-                "timeout", f"{spec.name}: no answer from {url} within {timeout:g}s"
-            )
+            result = Timeout(f"{spec.name}: no answer from {url} within {timeout:g}s")
         except httpx.HTTPError as exc:
-            result = CallFailure(
-                "unavailable", f"{spec.name}: {url} unreachable ({type(exc).__name__}: {exc})"
-            )
+            result = Unavailable(f"{spec.name}: {url} unreachable ({type(exc).__name__}: {exc})")
         COMPONENT_SECONDS.labels(spec.name).observe(time.perf_counter() - start)
-        outcome = result.kind if isinstance(result, CallFailure) else "ok"
-        COMPONENT_CALLS.labels(spec.name, outcome).inc()
-        if isinstance(result, CallFailure) and result.kind != "bad_params":
-            log.warning("component call failed: %s", result.message)
+        if isinstance(result, ArbiterError):
+            bad_params = isinstance(result, InvalidRequest)
+            COMPONENT_CALLS.labels(spec.name, "bad_params" if bad_params else result.kind).inc()
+            if not bad_params:
+                log.warning("component call failed: %s", result.message)
+        else:
+            COMPONENT_CALLS.labels(spec.name, "ok").inc()
         return result
 
     def _parse(self, spec: ComponentSpec, resp: httpx.Response) -> CallResult:
@@ -129,20 +129,16 @@ class ComponentClient:
             try:
                 parsed = ComponentResponse.model_validate_json(resp.content)
             except ValidationError as exc:
-                return CallFailure(
-                    "bad_response", f"{spec.name}: body is not a ComponentResponse: {exc}"[:500]
-                )
+                return BadResponse(f"{spec.name}: body is not a ComponentResponse: {exc}"[:500])
             return parsed
-        message = _error_message(resp)
-        where = f"{spec.name}: HTTP {status} from {resp.request.url}: {message}"
-        if status == 504:
-            return CallFailure("timeout", where)
-        if status >= 500 or status == 429:
-            return CallFailure("unavailable", where)
-        param = _error_param(resp)
-        if status in (400, 422) and param is not None and param.split(".")[0] == "params":
-            return CallFailure("bad_params", message, param=param)
-        return CallFailure("bad_response", where)
+        error = from_response(status, resp.content, source=f"{spec.name} at {resp.request.url}")
+        if not isinstance(error, InvalidRequest):
+            return error
+        if (error.param or "").split(".")[0] == "params":  # the caller's recipe params
+            message = error.message.split(": ", 1)[-1]
+            return Unprocessable(message, param=error.param, code="invalid_params")
+        # Any other refusal: the gateway built a request the component does not take.
+        return BadResponse(error.message)
 
     async def ready(self, service: str) -> str:
         base = self.settings.service_url(service)
@@ -158,22 +154,3 @@ class ComponentClient:
         if resp.status_code != 200:
             return f"{base}/readyz answered HTTP {resp.status_code}"
         return "ok"
-
-
-def _error_body(resp: httpx.Response) -> dict[str, Any]:
-    try:
-        body = json.loads(resp.content)
-    except ValueError:
-        return {}
-    err = body.get("error") if isinstance(body, dict) else None
-    return err if isinstance(err, dict) else {}
-
-
-def _error_message(resp: httpx.Response) -> str:
-    msg = _error_body(resp).get("message")
-    return str(msg) if msg else resp.text[:300]
-
-
-def _error_param(resp: httpx.Response) -> str | None:
-    param = _error_body(resp).get("param")
-    return str(param) if param else None

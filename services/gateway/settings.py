@@ -79,6 +79,34 @@ class GatewaySettings(ServiceSettings):
     cache_lru_size: int = Field(
         default=100_000, ge=1, description="Entries of the in-process LRU (when no REDIS_URL)."
     )
+    # Sample-level routes (/v1/compat/...): samples of one prompt that arrive together are
+    # scored as one group, so group components (diversity) see the group.
+    compat_window_ms: float = Field(
+        default=20.0,
+        ge=0,
+        le=60_000,
+        description="/v1/compat/*: how long the first sample of a (recipe, prompt, reference) "
+        "waits for the rest of its group before the group is scored (?window_ms= per request).",
+    )
+    compat_max_window_ms: float = Field(
+        default=30_000.0,
+        ge=0,
+        le=600_000,
+        description="/v1/compat/*: the largest ?window_ms= a caller may ask for.",
+    )
+    compat_max_group: int = Field(
+        default=64,
+        ge=1,
+        le=256,
+        description="/v1/compat/*: a group is scored as soon as it holds this many samples "
+        "(or the caller's ?group_size=, if smaller).",
+    )
+    compat_null_reward: float | None = Field(
+        default=None,
+        allow_inf_nan=False,
+        description="/v1/compat/*: the value a score that could not be computed becomes "
+        "(marked masked); unset = such a sample is answered with an error (?null_reward=).",
+    )
 
     @field_validator("verify_url", "embedding_url", "judge_url", mode="before")
     @classmethod

@@ -1,10 +1,11 @@
 """The one boundary to the judge server: a shared ``httpx.AsyncClient`` with bounded
 concurrency, a deadline per call, and retries with jittered exponential back-off.
 
-Outside failures leave this module as one of three exceptions whose ``kind`` is the
-wire ``ErrorKind`` the item gets: ``timeout`` (past the deadline), ``unavailable``
-(connection refused/reset, 429 or 5xx after the retries), ``bad_response`` (another
-4xx, or a body that is not a chat completion).
+Outside failures leave this module as ``arbiter.errors`` exceptions whose ``kind`` the
+item gets: ``Timeout`` (past the deadline), ``Unavailable`` (connection refused/reset,
+429 or 5xx after the retries), an ``InvalidRequest`` (another 4xx, e.g. a prompt too long;
+``from_response`` reads the server's message) or ``BadResponse`` (a body that is not a chat
+completion); the last two are ``bad_response`` and are not retried.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import httpx
 from prometheus_client import Counter, Histogram
 
-from arbiter.proto.components import ErrorKind
+from arbiter.errors import ArbiterError, BadResponse, Timeout, Unavailable, from_response
 from arbiter.services.judge.settings import JudgeSettings
 
 log = logging.getLogger("arbiter.judge")
@@ -44,39 +45,6 @@ TOKENS = Counter(
     "Tokens the judge server reports: prompt, completion, and cached prompt tokens.",
     ["component", "type"],
 )
-
-
-class UpstreamError(Exception):
-    kind: ErrorKind = "unavailable"
-
-
-class UpstreamTimeout(UpstreamError):
-    kind = "timeout"
-
-
-class UpstreamUnavailable(UpstreamError):
-    kind = "unavailable"
-
-
-class UpstreamRejected(UpstreamError):
-    """A 4xx other than 429 (e.g. prompt too long), or a body that is not the contract."""
-
-    kind = "bad_response"
-
-    def __init__(self, message: str, status: int = 0, body: Any = None):
-        super().__init__(message)
-        self.status = status
-        self.body = body
-
-
-def _error_text(resp: httpx.Response) -> str:
-    try:
-        body = resp.json()
-        err = body.get("error", body) if isinstance(body, dict) else body
-        msg = err.get("message", err) if isinstance(err, dict) else err
-        return f"HTTP {resp.status_code}: {str(msg)[:500]}"
-    except ValueError:
-        return f"HTTP {resp.status_code}: {resp.text[:500]}"
 
 
 # httpcore's connection pool does work proportional to (requests x connections) on every
@@ -138,7 +106,7 @@ class ChatClient:
     async def list_models(self, wait_s: float = 5.0) -> list[str]:
         resp = await self._pools[0].get("models", timeout=wait_s)
         if resp.status_code != 200:
-            raise UpstreamUnavailable(_error_text(resp))
+            raise Unavailable(f"listing models: {from_response(resp.status_code, resp.content)}")
         data = resp.json().get("data", [])
         return [str(m.get("id")) for m in data if isinstance(m, dict)]
 
@@ -148,9 +116,9 @@ class ChatClient:
             try:
                 models = await self.list_models()
             except httpx.HTTPError as exc:
-                raise UpstreamUnavailable(f"listing models: {type(exc).__name__}: {exc}") from exc
+                raise Unavailable(f"listing models: {type(exc).__name__}: {exc}") from exc
             if not models:
-                raise UpstreamUnavailable("the judge server lists no models")
+                raise Unavailable("the judge server lists no models")
             self._model = models[0]
             log.info("judge model: %s (first listed by %s)", self._model, self.settings.base_url)
         return self._model
@@ -169,7 +137,7 @@ class ChatClient:
         """POST one chat completion; the whole call (retries included) has one deadline."""
         try:
             return await self._chat(payload, component, timeout_s)
-        except UpstreamError as exc:
+        except ArbiterError as exc:
             FAILURES.labels(component, exc.kind).inc()
             raise
 
@@ -180,7 +148,7 @@ class ChatClient:
         budget = timeout_s or s.timeout_s
         deadline = time.monotonic() + budget
         body = {"model": await self.model(), **payload}
-        last: UpstreamError = UpstreamUnavailable("no attempt made")
+        last: ArbiterError = Unavailable("no attempt made")
         for attempt in range(s.max_retries + 1):
             retry_after = None
             async with self._slots.take() as slot:
@@ -200,45 +168,42 @@ class ChatClient:
                     )
                 except httpx.TimeoutException as exc:
                     outcome = "timeout"
-                    last = UpstreamTimeout(
+                    last = Timeout(
                         f"judge server did not answer within {budget:g}s ({type(exc).__name__})"
                     )
                     break
                 except httpx.TransportError as exc:
                     outcome = "connection_error"
-                    last = UpstreamUnavailable(f"judge server unreachable: {type(exc).__name__}")
+                    last = Unavailable(f"judge server unreachable: {type(exc).__name__}")
                 else:
                     if resp.status_code == 200:
                         try:
                             data = resp.json()
                         except ValueError as exc:
                             outcome = "bad_response"
-                            raise UpstreamRejected("judge server sent non-JSON", 200) from exc
+                            raise BadResponse("judge server sent non-JSON") from exc
                         if not isinstance(data, dict) or not data.get("choices"):
                             outcome = "bad_response"
-                            raise UpstreamRejected("judge reply has no choices", 200, data)
+                            raise BadResponse(f"judge reply has no choices: {data!r:.200}")
                         self._count_tokens(component, data)
                         return data
                     outcome = f"http_{resp.status_code}"
-                    if resp.status_code == 429 or resp.status_code >= 500:
-                        last = UpstreamUnavailable(_error_text(resp))
-                        retry_after = resp.headers.get("retry-after")
-                    else:
-                        raise UpstreamRejected(_error_text(resp), resp.status_code, resp.text)
+                    last = from_response(resp.status_code, resp.content)
+                    if not last.retryable:  # a 4xx other than 429: the same request fails again
+                        raise last
+                    retry_after = resp.headers.get("retry-after")
                 finally:
                     UPSTREAM_SECONDS.labels(component, outcome).observe(time.perf_counter() - start)
             if attempt == s.max_retries:
                 break
             delay = self._backoff(attempt, retry_after)
             if time.monotonic() + delay >= deadline:
-                last = UpstreamTimeout(
-                    f"judge server not answering within {budget:g}s (last: {last})"
-                )
+                last = Timeout(f"judge server not answering within {budget:g}s (last: {last})")
                 break
-            RETRIES.labels(component, type(last).__name__).inc()
+            RETRIES.labels(component, last.kind).inc()
             await asyncio.sleep(delay)
-        if time.monotonic() >= deadline and not isinstance(last, UpstreamTimeout):
-            last = UpstreamTimeout(f"judge server not answering within {budget:g}s ({last})")
+        if time.monotonic() >= deadline and not isinstance(last, Timeout):
+            last = Timeout(f"judge server not answering within {budget:g}s ({last})")
         raise last
 
     @staticmethod

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from arbiter.proto.components import ErrorKind
+from arbiter.errors import ItemFailure
 from arbiter.proto.judge import QUALITY_DIMENSIONS
 
 MASKED_LOGPROB = -9000.0  # vLLM reports grammar-blocked tokens at -9999.0
@@ -33,13 +33,8 @@ _DIM = {
 }
 
 
-class JudgeReplyError(Exception):
+class JudgeReplyError(ItemFailure):
     """The judge's reply cannot be scored; ``kind`` is the item's wire ErrorKind."""
-
-    def __init__(self, kind: ErrorKind, message: str):
-        super().__init__(message)
-        self.kind: ErrorKind = kind
-        self.message = message
 
 
 @dataclass(frozen=True)

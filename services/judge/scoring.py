@@ -21,16 +21,11 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from arbiter.proto.components import (
-    ComponentGroupResult,
-    ComponentResponse,
-    ErrorKind,
-    ItemError,
-    ScoreGroup,
-)
+from arbiter.errors import ArbiterError, InvalidRequest, ItemResult
+from arbiter.proto.components import ComponentGroupResult, ComponentResponse, ScoreGroup
 from arbiter.proto.components import ComponentUsage as Usage
 from arbiter.proto.judge import QUALITY_DIMENSIONS, QualityParams, QualityRequest, VerifierRequest
-from arbiter.services.judge.client import ChatClient, UpstreamError, UpstreamRejected
+from arbiter.services.judge.client import ChatClient
 from arbiter.services.judge.parsing import (
     JudgeReplyError,
     first_token_top_logprobs,
@@ -48,15 +43,6 @@ ITEMS = Counter(
 )
 LABELS = ("Yes", "No")
 PROBE_PROMPT = "Answer with one word, Yes or No: is 2 + 2 = 4?"
-
-
-@dataclass
-class ItemResult:
-    score: float | None = None
-    error: ItemError | None = None
-    info: dict[str, Any] | None = None
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
 
 
 @dataclass
@@ -84,7 +70,7 @@ def quality_schema(scale: int) -> dict[str, Any]:
     }
 
 
-def _refuses_structured_output(exc: UpstreamRejected) -> bool:
+def _refuses_structured_output(exc: InvalidRequest) -> bool:
     text = str(exc).lower()
     return exc.status == 400 and any(w in text for w in ("response_format", "json_schema"))
 
@@ -164,7 +150,7 @@ class Judge:
         return mode == "json_schema" or (mode == "auto" and not self._json_refused)
 
     async def _quality_item(
-        self, group: ScoreGroup, index: int, response: str, params: QualityParams
+        self, group: ScoreGroup, response: str, params: QualityParams
     ) -> ItemResult:
         structured = self._structured()
         try:
@@ -172,7 +158,7 @@ class Judge:
                 body = await self.client.chat(
                     self.quality_payload(group, response, params, structured), "judge_quality"
                 )
-            except UpstreamRejected as exc:
+            except InvalidRequest as exc:
                 if not (structured and self.settings.structured_output == "auto"):
                     raise
                 if not _refuses_structured_output(exc):
@@ -188,15 +174,15 @@ class Judge:
             try:
                 verdict = parse_quality(message_text(body), params.scale)
             except JudgeReplyError as exc:
-                return self._failed("judge_quality", index, exc.kind, exc.message, pt, ct)
-        except (UpstreamError, JudgeReplyError) as exc:
-            return self._failed("judge_quality", index, exc.kind, str(exc))
+                return self._failed("judge_quality", exc, pt, ct)
+        except ArbiterError as exc:
+            return self._failed("judge_quality", exc)
         ITEMS.labels("judge_quality", "ok").inc()
         info = {**verdict.dimensions, "source": verdict.source if not structured else "json_schema"}
-        return ItemResult(verdict.score, None, info, pt, ct)
+        return ItemResult(verdict.score, None, "", info, pt, ct)
 
     async def _verifier_item(
-        self, group: ScoreGroup, index: int, response: str, req: VerifierRequest
+        self, group: ScoreGroup, response: str, req: VerifierRequest
     ) -> ItemResult:
         try:
             body = await self.client.chat(
@@ -206,19 +192,17 @@ class Judge:
             try:
                 verdict = label_probability(first_token_top_logprobs(body))
             except JudgeReplyError as exc:
-                return self._failed("judge_verifier", index, exc.kind, exc.message, pt, ct)
-        except (UpstreamError, JudgeReplyError) as exc:
-            return self._failed("judge_verifier", index, exc.kind, str(exc))
+                return self._failed("judge_verifier", exc, pt, ct)
+        except ArbiterError as exc:
+            return self._failed("judge_verifier", exc)
         ITEMS.labels("judge_verifier", "ok").inc()
         info = {"logprob_yes": verdict.logprob_yes, "logprob_no": verdict.logprob_no}
-        return ItemResult(verdict.p_yes, None, info, pt, ct)
+        return ItemResult(verdict.p_yes, None, "", info, pt, ct)
 
     @staticmethod
-    def _failed(
-        component: str, index: int, kind: ErrorKind, message: str, pt: int = 0, ct: int = 0
-    ) -> ItemResult:
-        ITEMS.labels(component, kind).inc()
-        return ItemResult(None, ItemError(index=index, kind=kind, message=message), None, pt, ct)
+    def _failed(component: str, exc: ArbiterError, pt: int = 0, ct: int = 0) -> ItemResult:
+        ITEMS.labels(component, exc.kind).inc()
+        return ItemResult.failed(exc, pt, ct)
 
     # ----------------------------------------------------------------------- batches
 
@@ -226,7 +210,7 @@ class Judge:
         self, component: str, groups: list[ScoreGroup], item: Any, *extra: Any
     ) -> ComponentResponse:
         start = time.perf_counter()
-        tasks = [[item(g, i, r, *extra) for i, r in enumerate(g.responses)] for g in groups]
+        tasks = [[item(g, r, *extra) for r in g.responses] for g in groups]
         flat = await asyncio.gather(*(t for row in tasks for t in row))
         out, usage, k = [], Usage(items=len(flat)), 0
         for g in groups:
@@ -238,7 +222,7 @@ class Judge:
                 ComponentGroupResult(
                     id=g.id,
                     scores=[r.score for r in results],
-                    errors=[r.error for r in results if r.error is not None],
+                    errors=[e for i, r in enumerate(results) if (e := r.error(i)) is not None],
                     info={"judge": [r.info for r in results]},
                 )
             )
@@ -293,14 +277,14 @@ class Judge:
                     payload, "readiness_probe", timeout_s=min(15.0, self.settings.timeout_s)
                 )
                 top = first_token_top_logprobs(body)
-            except UpstreamRejected as exc:
+            except InvalidRequest as exc:
                 probe.last = (
                     f"the server refused a log-probs request with top_logprobs={k} ({exc}); "
                     "start vLLM with --max-logprobs >= JUDGE_TOP_LOGPROBS or lower it"
                 )
-            except (UpstreamError, JudgeReplyError) as exc:
-                probe.last = f"log-probs probe failed ({getattr(exc, 'kind', '')}): {exc}"
-                if getattr(exc, "kind", "") == "judge_unsupported":
+            except ArbiterError as exc:
+                probe.last = f"log-probs probe failed ({exc.kind}): {exc}"
+                if exc.kind == "judge_unsupported":
                     probe.last = (
                         f"the judge server ignores logprobs: {exc}; judge_verifier needs a "
                         "server that returns top_logprobs (vLLM does; `transformers serve` "

@@ -30,7 +30,9 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from arbiter.services.verify.worker import Item, ItemResult, worker_main
+from arbiter.errors import ItemResult
+from arbiter.proto.errors import ErrorKind
+from arbiter.services.verify.worker import Item, worker_main
 
 log = logging.getLogger("arbiter.verify.pool")
 
@@ -112,7 +114,9 @@ class WorkerPool:
                 await self._retire(i, graceful=True)
         for job in self._queue:
             if not job.future.done():
-                job.future.set_result((None, "unavailable", "verify service shutting down"))
+                job.future.set_result(
+                    ItemResult(None, "unavailable", "verify service shutting down")
+                )
         self._queue.clear()
 
     @property
@@ -272,12 +276,12 @@ class WorkerPool:
     def _timeout_message(self) -> str:
         return f"no answer within the {self.deadline_s:g} s deadline; worker replaced"
 
-    def _fail_at(self, chunk: list[Job], index: int, kind: str, message: str) -> None:
+    def _fail_at(self, chunk: list[Job], index: int, kind: ErrorKind, message: str) -> None:
         """Answer the item at ``index`` with an error; requeue the rest of the chunk."""
         index = min(index, len(chunk) - 1)
         job = chunk[index]
         if not job.future.done():
-            job.future.set_result((None, kind, message))
+            job.future.set_result(ItemResult(None, kind, message))
         self._requeue(chunk[:index] + chunk[index + 1 :])
 
     def _requeue(self, jobs: list[Job]) -> None:

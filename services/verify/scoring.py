@@ -15,14 +15,14 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
+from arbiter.errors import ItemResult, PayloadTooLarge
 from arbiter.proto.components import (
     ComponentGroupResult,
     ComponentResponse,
     ComponentUsage,
-    ItemError,
 )
+from arbiter.proto.errors import ItemError
 from arbiter.proto.verify import FormatRequest, MathRequest
-from arbiter.services.common.errors import PayloadTooLarge
 from arbiter.services.verify.extract import (
     INFO_CHARS,
     Extraction,
@@ -35,7 +35,7 @@ from arbiter.services.verify.extract import (
 from arbiter.services.verify.formatting import format_score
 from arbiter.services.verify.pool import WorkerPool
 from arbiter.services.verify.settings import VerifySettings
-from arbiter.services.verify.worker import Item, ItemResult, score_item
+from arbiter.services.verify.worker import Item, score_item
 
 log = logging.getLogger("arbiter.verify")
 
@@ -54,13 +54,15 @@ PATHS = Counter(
 _REQUEST_SLACK_S = 30.0
 
 
+NO_REFERENCE = ItemResult(None, "invalid_reference", "no reference value given")
+POOL_LATE = ItemResult(None, "timeout", "not scored in time: the pool is overloaded or down")
+
+
 @dataclass
 class _Slot:
-    """One response's score while a request is being assembled."""
+    """One response's result while a request is being assembled."""
 
-    score: float | None = None
-    kind: str | None = None
-    message: str = ""
+    result: ItemResult = NO_REFERENCE
     pending: int = -1  # index into the request's pool futures, or -1
 
 
@@ -96,15 +98,15 @@ def score_math_direct(
     """
     gold = reference_value(reference)
     if gold is None:
-        return None, "invalid_reference", "no reference value given"
+        return NO_REFERENCE
     g_num = to_number(gold)
     if g_num is None:
         check = score_item(gold, gold, rel_tol, timeout_s, True)
-        if check[0] is None:
+        if check.score is None:
             return check
     _, decided = plan_item(response, gold, g_num, rel_tol, True)
     if isinstance(decided, float):
-        return decided, None, ""
+        return ItemResult(decided)
     return score_item(*decided[:3], timeout_s, decided[3])
 
 
@@ -150,9 +152,7 @@ class Verifier:
             answers: list[str | None] = [None] * len(slots)
             conflicts: list[int] = []
             ref_check = -1
-            if gold is None:
-                for s in slots:
-                    s.kind, s.message = "invalid_reference", "no reference value given"
+            if gold is None:  # every slot keeps NO_REFERENCE
                 groups.append((slots, ref_check, answers, conflicts))
                 continue
             g_num = to_number(gold)
@@ -167,7 +167,7 @@ class Verifier:
                 if ex.status == "ok":
                     answers[i] = ex.text.strip()[:INFO_CHARS]
                 if isinstance(decided, float):
-                    slot.score = decided
+                    slot.result = ItemResult(decided)
                     continue
                 slot.pending = len(items)
                 items.append(decided)
@@ -177,22 +177,22 @@ class Verifier:
         out: list[ComponentGroupResult] = []
         for group, (slots, ref_check, answers, conflicts) in zip(req.groups, groups, strict=True):
             ref_error = None
-            if ref_check >= 0 and results[ref_check][0] is None:
+            if ref_check >= 0 and results[ref_check].score is None:
                 ref_error = results[ref_check]
             scores: list[float | None] = []
             errors: list[ItemError] = []
             for i, slot in enumerate(slots):
-                score, kind, message = slot.score, slot.kind, slot.message
+                result = slot.result
                 if ref_error is not None:
-                    score, kind, message = ref_error
+                    result = ref_error
                 elif slot.pending >= 0:
-                    score, kind, message = results[slot.pending]
-                if score is None:
-                    kind = kind or "internal"
-                    errors.append(ItemError(index=i, kind=kind, message=message))
-                    ITEM_ERRORS.labels(kind).inc()
-                scores.append(score)
-                ITEMS.labels("math_accuracy", _outcome(score)).inc()
+                    result = results[slot.pending]
+                error = result.error(i)
+                if error is not None:
+                    errors.append(error)
+                    ITEM_ERRORS.labels(error.kind).inc()
+                scores.append(result.score)
+                ITEMS.labels("math_accuracy", _outcome(result.score)).inc()
             info: dict[str, object] = {"answers": answers}
             if conflicts:
                 info["conflicts"] = conflicts
@@ -220,12 +220,7 @@ class Verifier:
             f.cancel()
         if pending:
             log.error("%d math items still queued after %.0f s", len(pending), bound)
-        return [
-            f.result()
-            if f.done() and not f.cancelled()
-            else (None, "timeout", "not scored in time: the pool is overloaded or down")
-            for f in futures
-        ]
+        return [f.result() if f.done() and not f.cancelled() else POOL_LATE for f in futures]
 
     # ------------------------------------------------------------------ format
 

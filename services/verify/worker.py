@@ -22,10 +22,10 @@ from typing import Any
 from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
+from arbiter.errors import ItemResult
 from arbiter.services.verify.extract import latex_wrap, looks_like_text, numbers_equal, to_number
 
-# (score, error kind, message): score None ⇔ kind set.
-ItemResult = tuple[float | None, str | None, str]
+CORRECT, WRONG = ItemResult(1.0), ItemResult(0.0)
 Item = tuple[str, str, float, bool]  # gold, pred, rel_tolerance, always_mv
 
 # math-verify logs a warning for every timeout; we report them as results instead.
@@ -96,20 +96,22 @@ def score_item(
         g_num is not None and p_num is not None and numbers_equal(g_num, p_num, rel_tolerance)
     )
     if num_equal and not always_mv:
-        return 1.0, None, ""
+        return CORRECT
     try:
         gold_parsed = _parse_gold(gold, timeout_s)
         if g_num is None and (not gold_parsed or looks_like_text(gold)):
-            return None, "invalid_reference", f"reference {gold[:64]!r} is not a math value"
+            return ItemResult(
+                None, "invalid_reference", f"reference {gold[:64]!r} is not a math value"
+            )
         pred_parsed = _parse(pred, timeout_s, gold=False) if gold_parsed else []
         mv_equal = bool(pred_parsed) and _mv_equal(gold_parsed, pred_parsed, timeout_s)
-        return (1.0 if mv_equal or num_equal else 0.0), None, ""
+        return CORRECT if mv_equal or num_equal else WRONG
     except _ItemTimeout as exc:
         if numeric:  # both plain numbers: their comparison stands
-            return (1.0 if num_equal else 0.0), None, ""
-        return None, "timeout", f"{exc} (limit {timeout_s}s per step)"
+            return CORRECT if num_equal else WRONG
+        return ItemResult(None, "timeout", f"{exc} (limit {timeout_s}s per step)")
     except RecursionError:
-        return None, "internal", "expression too deeply nested"
+        return ItemResult(None, "internal", "expression too deeply nested")
 
 
 def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
@@ -133,7 +135,7 @@ def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
             try:
                 results.append(score_item(gold, pred, rel_tol, timeout_s, always_mv))
             except Exception as exc:  # never let one item take the worker down
-                results.append((None, "internal", f"{type(exc).__name__}: {exc}"[:200]))
+                results.append(ItemResult.failed(exc))
         shared[1] = time.monotonic()  # "sending": index past the end
         shared[0] = float(len(items))
         conn.send((chunk_id, results))

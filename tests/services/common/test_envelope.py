@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from arbiter.proto.common import ErrorResponse
+from arbiter.proto.errors import ErrorResponse
 
 CASES = [
     # (method, path, body, status, type, code): a comment per case

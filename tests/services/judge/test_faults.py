@@ -120,7 +120,7 @@ async def test_retries_503_then_scores(stub_root: str) -> None:
     # two 503s per request, three attempts allowed: every item is scored
     judge = _judge(stub_root, "flaky", max_retries=2, backoff_s=0.01)
     before = _sample("arbiter_judge_upstream_retries_total", component="judge_verifier",
-                     reason="UpstreamUnavailable")  # fmt: skip
+                     reason="unavailable")  # fmt: skip
     try:
         req = VerifierRequest(groups=[ScoreGroup(**GROUP)], params=VerifierParams())
         res = await judge.verifier(req)
@@ -130,7 +130,7 @@ async def test_retries_503_then_scores(stub_root: str) -> None:
         res.groups[0].scores == [pytest.approx(1 / (1 + pytest.importorskip("math").exp(-1)))] * 2
     )
     after = _sample("arbiter_judge_upstream_retries_total", component="judge_verifier",
-                    reason="UpstreamUnavailable")  # fmt: skip
+                    reason="unavailable")  # fmt: skip
     assert after - before == 4
 
 

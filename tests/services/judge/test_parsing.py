@@ -8,10 +8,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from arbiter.services.judge.client import _error_text
+from arbiter.errors import Unprocessable, from_response
 from arbiter.services.judge.parsing import (
     JudgeReplyError,
     first_token_top_logprobs,
@@ -222,11 +221,14 @@ def test_legacy_top_logprobs_map() -> None:
     assert label_probability(first_token_top_logprobs(body)).p_yes == pytest.approx(0.5)
 
 
-def test_upstream_error_text_from_real_400() -> None:
+def test_upstream_error_from_real_400() -> None:
+    # vLLM's own error body (not Arbiter's envelope): the message is still found, and a
+    # 400 is the request's fault, so the judge does not retry it.
     rec = fixture("error_context_length")
     assert rec["status"] == 400
-    text = _error_text(httpx.Response(400, json=rec["response"]))
-    assert text.startswith("HTTP 400: This model's maximum context length")
+    err = from_response(400, json.dumps(rec["response"]))
+    assert str(err).startswith("HTTP 400: This model's maximum context length")
+    assert err.kind == "bad_response" and not err.retryable and not isinstance(err, Unprocessable)
 
 
 def test_settings_fail_fast_and_hide_the_key() -> None:

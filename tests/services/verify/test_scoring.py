@@ -16,14 +16,14 @@ from tests.services.verify.cases import FORMAT_CASES, MATH_CASES, NULL_CASES
 
 @pytest.mark.parametrize(("response", "reference", "expected", "why"), MATH_CASES)
 def test_math_table(response: str, reference: str, expected: float, why: str) -> None:
-    score, kind, message = score_math_direct(response, reference)
-    assert (score, kind) == (expected, None), f"{why}: {message}"
+    r = score_math_direct(response, reference)
+    assert (r.score, r.kind) == (expected, None), f"{why}: {r.message}"
 
 
 @pytest.mark.parametrize(("response", "reference", "kind", "why"), NULL_CASES)
 def test_math_null(response: str, reference: str | None, kind: str, why: str) -> None:
-    score, got_kind, _ = score_math_direct(response, reference)
-    assert (score, got_kind) == (None, kind), why
+    r = score_math_direct(response, reference)
+    assert (r.score, r.kind) == (None, kind), why
 
 
 @pytest.mark.parametrize(("response", "params", "expected", "why"), FORMAT_CASES)
@@ -71,6 +71,6 @@ def test_math_verify_own_timeout_is_a_null_timeout() -> None:
     # math-verify's own timeout (signal.alarm, 1 s here) fires inside sympy: the item is
     # null + timeout, not a silent 0.0 — unless both sides are plain numbers.
     start = time.perf_counter()
-    score, kind, message = score_item("5", "\\boxed{7^{123456789}}", 1e-6, 1, False)
-    assert (score, kind) == (None, "timeout"), message
+    r = score_item("5", "\\boxed{7^{123456789}}", 1e-6, 1, False)
+    assert (r.score, r.kind) == (None, "timeout"), r.message
     assert time.perf_counter() - start < 10

@@ -1,0 +1,389 @@
+"""Sample-level routes in other frameworks' shapes: ``/v1/compat/{openrlhf,slime,nemo-gym}/…``.
+
+Each route turns the framework's sample into (prompt, reference, response), hands it to
+the group collector (samples of the same prompt that arrive together are scored as one
+group, see ``collector``), and renders the one sample's result in the framework's shape:
+the recipe total plus every component. The recipe is named by the path; its fingerprint
+comes back in the ``X-Arbiter-Recipe-Fingerprint`` header.
+
+Null scores. OpenRLHF and slime turn every value into a tensor and have no "no signal"
+value, so a sample whose score could not be computed is answered with an error (503/504
+when retrying can help, which both frameworks do; 422 ``unscorable`` otherwise) unless
+the caller names a fill value with ``?null_reward=`` (or ``GATEWAY_COMPAT_NULL_REWARD``):
+then every null becomes that value and ``masked`` is 1.0. NeMo Gym has a field for it:
+``mask_sample: true`` with the reward set to the fill value (default 0.0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from prometheus_client import Counter
+from pydantic import JsonValue
+
+from arbiter.errors import Timeout, Unavailable, Unprocessable
+from arbiter.proto.compat import (
+    NemoGymVerifyRequest,
+    NemoGymVerifyResponse,
+    OpenRLHFRequest,
+    OpenRLHFResponse,
+    SlimeRequest,
+    SlimeResponse,
+)
+from arbiter.proto.errors import RETRYABLE_KINDS, ErrorResponse
+from arbiter.services.gateway.collector import GroupCollector, GroupKey, SampleScore
+from arbiter.services.gateway.settings import GatewaySettings, get_settings
+
+router = APIRouter(
+    tags=["compat"],
+    responses={code: {"model": ErrorResponse} for code in (400, 413, 422, 429, 500, 503, 504)},
+)
+
+COMPAT_REQUESTS = Counter(
+    "arbiter_gateway_compat_requests_total",
+    "Sample-level (compat) requests by framework and outcome.",
+    ["framework", "outcome"],
+)
+
+# Chat end-of-turn and end-of-sequence markers that decoders leave at the end of a
+# response (OpenRLHF decodes with skip_special_tokens=False): ChatML/Qwen, Llama 2/3,
+# Mistral, Gemma, Phi, GPT-2/NeoX, DeepSeek, gpt-oss, and padding.
+END_MARKERS = (
+    "<|im_end|>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "</s>",
+    "<end_of_turn>",
+    "<eos>",
+    "<|end|>",
+    "<|return|>",
+    "<｜end▁of▁sentence｜>",
+    "<|pad|>",
+    "<pad>",
+)
+_TRAILING = re.compile(
+    "(?:\\s|" + "|".join(re.escape(m) for m in END_MARKERS) + ")+\\Z"
+)  # fmt: skip
+
+
+def strip_markers(text: str) -> str:
+    """The response without the end-of-turn/EOS markers (and whitespace) it ends with."""
+    match = _TRAILING.search(text)
+    if match is None or not any(m in match.group() for m in END_MARKERS):
+        return text
+    return text[: match.start()]
+
+
+def split_query(query: str, prompt: str, param: str) -> str:
+    """The response part of ``query`` (= prompt + response, as OpenRLHF decodes it)."""
+    if query.startswith(prompt):
+        return query[len(prompt) :]
+    at = query.find(prompt) if prompt else -1
+    if at >= 0:  # a marker the decoder put before the prompt (a BOS token)
+        return query[at + len(prompt) :]
+    # Decoding can change whitespace around special tokens: match the prompt's characters
+    # in order, ignoring whitespace on both sides.
+    q = 0
+    for ch in prompt:
+        if ch.isspace():
+            continue
+        while q < len(query) and query[q].isspace():
+            q += 1
+        if q >= len(query) or query[q] != ch:
+            raise Unprocessable(
+                f"{param}: the query does not start with its prompt, so the response cannot "
+                "be split off (query must be the prompt followed by the response)",
+                param=param,
+                code="prompt_mismatch",
+            )
+        q += 1
+    # the whitespace the prompt ends with (ChatML's "assistant\n") belongs to the prompt
+    trailing = len(prompt) - len(prompt.rstrip())
+    while trailing and q < len(query) and query[q].isspace():
+        q, trailing = q + 1, trailing - 1
+    return query[q:]
+
+
+def as_reference(label: JsonValue) -> str | None:
+    if label is None:
+        return None
+    if isinstance(label, str):
+        return label
+    if isinstance(label, bool | int | float):
+        return str(label)
+
+    return json.dumps(label, ensure_ascii=False)
+
+
+def message_text(content: Any) -> str:
+    """A chat message's text: a string, or the text parts of a list of parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, dict)]
+        return "".join(p for p in parts if isinstance(p, str))
+    return ""
+
+
+def last_user_text(messages: Any) -> str:
+    if isinstance(messages, str):
+        return messages
+    if isinstance(messages, list):
+        for msg in reversed(messages):
+            if isinstance(msg, dict) and msg.get("role", "user") == "user":
+                return message_text(msg.get("content"))
+    return ""
+
+
+# --- dependencies -------------------------------------------------------------------
+
+
+async def _collector(request: Request) -> GroupCollector:
+    state = request.app.state
+    collector: GroupCollector | None = getattr(state, "compat_collector", None)
+    if collector is None or collector.scorer is not state.scorer:
+        settings = get_settings()
+        collector = GroupCollector(
+            state.scorer, settings.compat_window_ms / 1000, settings.compat_max_group
+        )
+        state.compat_collector = collector
+    return collector
+
+
+async def _settings() -> GatewaySettings:
+    return get_settings()
+
+
+_GROUP_SIZE = Query(
+    ge=1,
+    le=256,
+    description="Score as soon as this many samples of a prompt have arrived "
+    "(set it to the rollouts per prompt).",
+)
+_WINDOW_MS = Query(
+    ge=0,
+    description="How long the first sample of a group waits for the rest "
+    "(default GATEWAY_COMPAT_WINDOW_MS).",
+)
+_NULL_REWARD = Query(
+    allow_inf_nan=False,
+    description="Fill value for a score that could not be computed "
+    "(default GATEWAY_COMPAT_NULL_REWARD; unset = an error answer).",
+)
+
+
+class Options:
+    """The query parameters every compat route takes."""
+
+    def __init__(
+        self,
+        settings: Annotated[GatewaySettings, Depends(_settings)],
+        group_size: Annotated[int | None, _GROUP_SIZE] = None,
+        window_ms: Annotated[float | None, _WINDOW_MS] = None,
+        null_reward: Annotated[float | None, _NULL_REWARD] = None,
+    ):
+        if window_ms is not None and window_ms > settings.compat_max_window_ms:
+            raise Unprocessable(
+                f"window_ms: at most {settings.compat_max_window_ms:g} "
+                "(GATEWAY_COMPAT_MAX_WINDOW_MS)",
+                param="window_ms",
+            )
+        self.group_size = group_size
+        self.window_s = None if window_ms is None else window_ms / 1000
+        self.null_reward = settings.compat_null_reward if null_reward is None else null_reward
+
+
+CollectorDep = Annotated[GroupCollector, Depends(_collector)]
+OptionsDep = Annotated[Options, Depends()]
+
+
+async def _score(
+    framework: str,
+    collector: GroupCollector,
+    recipe: str,
+    samples: list[tuple[str, str | None, str]],
+    opts: Options,
+) -> list[SampleScore]:
+    collector.scorer.book.get(recipe)  # an unknown recipe fails now, not after the window
+    try:
+        scores = await asyncio.gather(
+            *(
+                collector.submit(
+                    GroupKey(recipe, prompt, reference),
+                    response,
+                    window_s=opts.window_s,
+                    group_size=opts.group_size,
+                )
+                for prompt, reference, response in samples
+            )
+        )
+    except Exception:
+        COMPAT_REQUESTS.labels(framework, "failed").inc()
+        raise
+    COMPAT_REQUESTS.labels(framework, "ok").inc()
+    return list(scores)
+
+
+def _fill(score: SampleScore, null_reward: float | None) -> tuple[float, dict[str, float], float]:
+    """(total, components, masked) with no nulls left, or the error that says why not."""
+    nulls = score.reward is None or any(v is None for v in score.components.values())
+    if not nulls:
+        comps = {k: float(v) for k, v in score.components.items() if v is not None}
+        return float(score.reward), comps, 0.0  # type: ignore[arg-type]
+    if null_reward is None:
+        raise _unscorable(score)
+    comps = {k: null_reward if v is None else v for k, v in score.components.items()}
+    reward = null_reward if score.reward is None else score.reward
+    return reward, comps, 1.0
+
+
+def _unscorable(score: SampleScore) -> Exception:
+    why = "; ".join(f"{e['component']}: {e['kind']} ({e['message']})" for e in score.errors)
+    message = (
+        f"the reward could not be computed: {why or 'a component returned null'}. "
+        "Add ?null_reward=<value> to the URL (or set GATEWAY_COMPAT_NULL_REWARD) to get "
+        "that value instead, marked masked"
+    )[:2000]
+    kinds = {e["kind"] for e in score.errors}
+    if kinds and kinds <= {"timeout"}:
+        return Timeout(message, code="component_timeout")
+    if kinds and kinds <= RETRYABLE_KINDS:
+        return Unavailable(message, code="component_unavailable")
+    return Unprocessable(message, code="unscorable")
+
+
+def _headers(scores: list[SampleScore]) -> dict[str, str]:
+    return {"X-Arbiter-Recipe-Fingerprint": scores[0].fingerprint} if scores else {}
+
+
+# --- routes ---------------------------------------------------------------------------
+
+
+@router.post(
+    "/v1/compat/openrlhf/{recipe}",
+    response_model=OpenRLHFResponse,
+    summary="OpenRLHF --reward.remote_url: rewards, scores and extra_logs per query",
+)
+async def openrlhf(
+    recipe: str,
+    body: OpenRLHFRequest,
+    collector: CollectorDep,
+    opts: OptionsDep,
+    response: Response,
+) -> OpenRLHFResponse:
+    labels = body.labels or [None] * len(body.query)
+    samples = [
+        (prompt, as_reference(label), strip_markers(split_query(q, prompt, f"query.{i}")))
+        for i, (q, prompt, label) in enumerate(zip(body.query, body.prompts, labels, strict=True))
+    ]
+    scores = await _score("openrlhf", collector, recipe, samples, opts)
+    filled = [_fill(s, opts.null_reward) for s in scores]
+    rewards = [f[0] for f in filled]
+    logs: dict[str, list[float]] = {name: [f[1][name] for f in filled] for name in filled[0][1]}
+    logs["masked"] = [f[2] for f in filled]
+    response.headers.update(_headers(scores))
+    return OpenRLHFResponse(rewards=rewards, scores=rewards, extra_logs=logs)
+
+
+@router.post(
+    "/v1/compat/slime/{recipe}",
+    response_model=SlimeResponse,
+    summary="slime --rm-type remote_rm: the total under 'reward' and each component",
+)
+async def slime(
+    recipe: str,
+    body: SlimeRequest,
+    collector: CollectorDep,
+    opts: OptionsDep,
+    response: Response,
+) -> SlimeResponse:
+    prompt = last_user_text(body.prompt)
+    sample = (prompt, as_reference(body.label), strip_markers(body.response))
+    scores = await _score("slime", collector, recipe, [sample], opts)
+    reward, comps, masked = _fill(scores[0], opts.null_reward)
+    response.headers.update(_headers(scores))
+    return SlimeResponse.model_validate({**comps, "reward": reward, "masked": masked})
+
+
+REFERENCE_FIELDS = ("expected_answer", "reference", "label", "answer", "ground_truth")
+
+# Arbiter's error kinds in NeMo Gym's failure vocabulary (nemo_gym/failure_kinds.py);
+# the rest are namespaced "arbiter:<kind>", which NeMo Gym accepts.
+NEMO_GYM_KINDS = {
+    "timeout": "transport_timeout",
+    "unavailable": "provider_unavailable",
+    "judge_parse_error": "judge_unparseable",
+    "judge_no_label": "judge_failed",
+    "judge_unsupported": "judge_failed",
+}
+
+
+_REFERENCE_FIELD = Query(
+    max_length=128,
+    description="The dataset field holding the reference "
+    f"(default: the first of {', '.join(REFERENCE_FIELDS)} that is present).",
+)
+
+
+def nemo_gym_texts(
+    body: NemoGymVerifyRequest, reference_field: str | None
+) -> tuple[str, str | None, str]:
+    """(prompt, reference, response) of a NeMo Gym verify request."""
+    params = body.responses_create_params
+    prompt = last_user_text(params.get("input"))
+    extra = body.model_extra or {}
+    fields = (reference_field,) if reference_field else REFERENCE_FIELDS
+    reference = next((as_reference(extra[f]) for f in fields if extra.get(f) is not None), None)
+    texts = []
+    for item in body.response.get("output") or []:
+        if isinstance(item, dict) and item.get("type", "message") == "message":
+            for part in item.get("content") or []:
+                if isinstance(part, dict) and part.get("type") == "output_text":
+                    texts.append(str(part.get("text", "")))
+    return prompt, reference, strip_markers("".join(texts))
+
+
+@router.post(
+    "/v1/compat/nemo-gym/{recipe}/verify",
+    response_model=NemoGymVerifyResponse,
+    summary="NeMo Gym resources-server /verify: the request echoed back with its reward",
+)
+async def nemo_gym_verify(
+    recipe: str,
+    body: NemoGymVerifyRequest,
+    collector: CollectorDep,
+    opts: OptionsDep,
+    response: Response,
+    reference_field: Annotated[str | None, _REFERENCE_FIELD] = None,
+) -> NemoGymVerifyResponse:
+    sample = nemo_gym_texts(body, reference_field)
+    scores = await _score("nemo-gym", collector, recipe, [sample], opts)
+    score = scores[0]
+    comps = {k: float(v) for k, v in score.components.items() if v is not None}
+    masked = score.reward is None
+    failure_kind = failure_reason = None
+    if score.errors:
+        first = score.errors[0]["kind"]
+        failure_kind = NEMO_GYM_KINDS.get(first, f"arbiter:{first}")
+        failure_reason = "; ".join(
+            f"{e['component']}: {e['kind']} ({e['message']})" for e in score.errors
+        )[:2000]
+    reward = score.reward if score.reward is not None else (opts.null_reward or 0.0)
+    response.headers.update(_headers(scores))
+    return NemoGymVerifyResponse.model_validate(
+        {
+            **body.model_dump(),
+            **comps,  # top level too: NeMo Gym's aggregate metrics read top-level numbers
+            "reward": reward,
+            "reward_components": comps,
+            "mask_sample": masked,
+            "failure_kind": failure_kind,
+            "failure_reason": failure_reason,
+        }
+    )
