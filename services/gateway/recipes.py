@@ -17,10 +17,10 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from arbiter.errors import Unprocessable
 from arbiter.proto.components import Granularity
 from arbiter.proto.gateway import Recipe, RecipeComponent, RecipeRef
 from arbiter.proto.verify import FormatParams, MathParams
-from arbiter.services.common.errors import Unprocessable
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from arbiter.errors import Unprocessable
 from arbiter.proto.gateway import Recipe, RecipeComponent
-from arbiter.services.common.errors import Unprocessable
 from arbiter.services.gateway.recipes import BUILTIN_RECIPES, RecipeBook, fingerprint
 from arbiter.services.gateway.settings import GatewaySettings
 
