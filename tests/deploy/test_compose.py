@@ -1,5 +1,7 @@
 """docker-compose.yml and .env.example: both validators, profiles, health-gated start order,
-GPU reservations, volumes, and every variable documented."""
+GPU reservations, volumes, every variable documented, and the services' settings real:
+every name one the service reads, every default value one it accepts, the healthchecks on
+the port its settings give."""
 
 from __future__ import annotations
 
@@ -11,19 +13,23 @@ from typing import Any
 import pytest
 import yaml
 
+from arbiter.serve import SERVICES
 from arbiter.services.gateway.recipes import RecipeBook
 from tests.deploy.deployfiles import (
     COMPOSE,
     ENV_EXAMPLE,
     K8S,
+    PORTS,
     REPO,
-    SERVICES,
+    check_settings,
     compose_env,
     compose_variables,
     env_example_names,
+    healthcheck_url,
     load_compose,
     settings_info,
     substitute_default,
+    unknown_names,
 )
 from tests.deploy.tools import run, tool
 
@@ -218,3 +224,46 @@ def test_recipes_file_loads_and_matches_the_configmap() -> None:
     assert yaml.safe_load(configmap["data"]["recipes.yaml"]) == yaml.safe_load(
         compose_recipes.read_text()
     ), "docker/recipes.yaml and the arbiter-recipes ConfigMap differ"
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_compose_service_has_real_settings_and_its_settings_port(
+    service: str, compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc, info = compose["services"][service], settings_info(service)
+    where = f"docker-compose.yml service {service}"
+    port, path = healthcheck_url(svc["healthcheck"]["test"])
+    assert (port, path in ("/healthz", "/readyz")) == (PORTS[service], True), where
+    for published in svc.get("ports", []):
+        assert substitute_default(published).rpartition(":")[2] == str(PORTS[service]), where
+    env = compose_env(svc)
+    assert not unknown_names(service, set(env)), f"{where}: {unknown_names(service, set(env))}"
+    uncovered = [names[0] for f, names in info.configurable.items() if not set(names) & set(env)]
+    assert not uncovered, (
+        f"{where}: settings not passed through (add `- NAME` to environment, and regenerate "
+        f".env.example): {uncovered}"
+    )
+    # the values compose sets by default, with container paths mapped to the repository
+    values = {k: substitute_default(v) for k, v in env.items() if v is not None}
+    values = {k: v for k, v in values.items() if v != ""}
+    for mount in svc.get("volumes", []):
+        source, target = substitute_default(mount).split(":")[:2]
+        for k, v in values.items():
+            if v == target and source.startswith("."):
+                values[k] = str(REPO / source)
+    check_settings(service, values, monkeypatch, where)
+
+
+@pytest.mark.parametrize("service", SERVICES)
+def test_env_example_values_are_accepted(
+    service: str, compose: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every line of .env.example uncommented: the service accepts the values it shows.
+    info = settings_info(service)
+    values = {k: v for k, v in env_example_names().items() if k in info.env and v != ""}
+    for k, v in compose_env(compose["services"][service]).items():
+        if v is not None and "${" not in v:
+            values[k] = v  # fixed by compose
+    if "GATEWAY_RECIPES_FILE" in values:
+        values["GATEWAY_RECIPES_FILE"] = str(REPO / "docker" / "recipes.yaml")
+    check_settings(service, values, monkeypatch, f".env.example ({service})")

@@ -1,5 +1,5 @@
 """Finding the validators the deploy tests run; a missing one fails the test with how to
-install it (nothing is skipped silently)."""
+install it (nothing is skipped, in CI or anywhere else)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ INSTALL = {
     "check-jsonschema": "pip install check-jsonschema (in the dev extra: pip install -e '.[dev]')",
     "kubernetes-validate": "pip install kubernetes-validate "
     "(in the dev extra: pip install -e '.[dev]')",
+    "kubectl": "make kubectl (kubectl with kustomize built in, into .venv/bin; `make test` "
+    "does this)",
 }
 
 
