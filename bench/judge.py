@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 
-from arbiter.procs import ManagedProcess, free_port, uvicorn_process
+from arbiter.procs import ManagedProcess, free_port, service_process
 from arbiter.proto.components import ScoreGroup
 from arbiter.proto.judge import QualityParams, VerifierParams, VerifierRequest
 from arbiter.services.judge.parsing import (
@@ -287,13 +287,7 @@ def run(
             "JUDGE_MAX_CONCURRENCY": str(concurrency),
             "JUDGE_CONSTRAIN_LABELS": "true",
         }
-        spec = uvicorn_process(
-            "judge",
-            "arbiter.services.judge.app:create_app",
-            port,
-            env=env,
-            log_path=work / "judge.log",
-        )
+        spec = service_process("judge", port, env=env, log_path=work / "judge.log")
         judge = _SameSession(spec.name, spec.argv, spec.env, spec.ready_url, spec.log_path)
         procs.append(judge.start())
         judge.wait_ready(60)

@@ -6,7 +6,7 @@
    arbiter.tiny_model's tokenizer) and a fixed-length supervised pass (``--sft-steps``: a short
    one leaves a model that writes the format but is not yet sure of its sums).
 2. The verify service and the gateway (in-process LRU cache; no Redis on the device) are
-   started with uvicorn exactly as in production, on free loopback ports.
+   started with `arbiter serve` exactly as in production, on free loopback ports.
 3. ``python -m arbiter.trainer`` (the real CLI) runs GRPO on the generated problems with the
    gateway's ``gsm8k`` recipe (math_accuracy 1.0 + format 0.5), evaluating greedy held-out accuracy
    through the verify service before, during and after.
@@ -46,20 +46,17 @@ def _ready(proc: Any, timeout: float) -> None:
 
 
 def _services(log_dir: Path, verify_workers: int) -> tuple[list[Any], str]:
-    from arbiter.procs import free_port, uvicorn_process
+    from arbiter.procs import free_port, service_process
 
     vport, gport = free_port(), free_port()
-    verify = uvicorn_process(
-        "verify", "arbiter.services.verify.app:create_app", vport,
-        env={"VERIFY_WORKERS": str(verify_workers)}, log_path=log_dir / "verify.log",
+    verify = service_process(
+        "verify", vport, env={"VERIFY_WORKERS": str(verify_workers)},
+        log_path=log_dir / "verify.log",
     )  # fmt: skip
     _ready(verify, 120)
-    env = {"GATEWAY_VERIFY_URL": f"http://127.0.0.1:{vport}"}
-    gateway = uvicorn_process(
-        "gateway", "arbiter.services.gateway.app:create_app", gport, env=env,
-        log_path=log_dir / "gateway.log",
-    )  # fmt: skip
-    os.environ.pop("REDIS_URL", None)  # the gateway falls back to its in-process LRU
+    # no REDIS_URL: the gateway falls back to its in-process LRU
+    env = {"GATEWAY_VERIFY_URL": f"http://127.0.0.1:{vport}", "REDIS_URL": ""}
+    gateway = service_process("gateway", gport, env=env, log_path=log_dir / "gateway.log")
     _ready(gateway, 60)
     return [gateway, verify], f"http://127.0.0.1:{gport}"
 
