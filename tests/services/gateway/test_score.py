@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from arbiter.procs import free_port, uvicorn_process
+from arbiter.procs import free_port, service_process
 from arbiter.services.gateway.recipes import RecipeBook
 from tests.conftest import start_service
 from tests.services.gateway.conftest import EXPECTED_FORMAT, EXPECTED_MATH, gsm8k_groups, score
@@ -155,9 +155,9 @@ async def test_yaml_recipes_file(log_dir: Path, verify_url: str, tmp_path: Path)
 def test_bad_recipes_file_stops_the_start(log_dir: Path, tmp_path: Path) -> None:
     path = tmp_path / "bad.yaml"
     path.write_text(json.dumps({"recipes": [{"name": "x", "components": [{"name": "nope"}]}]}))
-    proc = uvicorn_process(
-        "gateway", "arbiter.services.gateway.app:create_app", free_port(),
-        env={"GATEWAY_RECIPES_FILE": str(path)}, log_path=log_dir / "gateway-bad-recipes.log",
+    proc = service_process(
+        "gateway", free_port(), env={"GATEWAY_RECIPES_FILE": str(path)},
+        log_path=log_dir / "gateway-bad-recipes.log",
     )  # fmt: skip
     proc.start()
     with pytest.raises(RuntimeError, match="exited early"):
