@@ -22,9 +22,10 @@ from typing import get_args
 import pytest
 import yaml
 
+from arbiter.serve import SERVICES, settings_class
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs"
-SERVICES = ("gateway", "verify", "embedding", "judge")
 
 # How this repository's own runs reached a GPU is no part of the product's docs.
 NOT_IN_DOCS = [r"\blent\b", r"\.carry\b", r"\$OUT\b", r"bench/device", r"device (call|time)"]
@@ -88,7 +89,7 @@ def test_site_builds_strictly(site: Path) -> None:
 
 @pytest.mark.parametrize("name", SERVICES)
 def test_settings_tables_list_every_field(site: Path, name: str) -> None:
-    cls = _hook()._settings_class(name)
+    cls = settings_class(name)
     prefix = str(cls.model_config.get("env_prefix", "")).upper()
     for path in (f"services/{name}", "operations/settings"):
         text = _page(site, path)
@@ -133,7 +134,7 @@ def test_every_metric_is_documented() -> None:
     # Importing the apps registers every service's metrics in prometheus' default registry.
     from prometheus_client import REGISTRY
 
-    for name in ("gateway", "verify", "embedding", "judge"):
+    for name in SERVICES:
         importlib.import_module(f"arbiter.services.{name}.app")
     text = (DOCS / "operations" / "metrics.md").read_text()
     names = {m.name for m in REGISTRY.collect() if m.name.startswith(("arbiter_", "verify_"))}

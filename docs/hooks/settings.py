@@ -26,11 +26,13 @@ import types
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
+# The services `arbiter serve` knows, and how it finds each one's settings class.
+from arbiter.serve import SERVICES, settings_class
+
 # A marker is a line of its own (one quoted inside `code` in the prose is left alone).
 MARKER = re.compile(
     r"^[ \t]*<!--\s*(settings:\s*([a-z_]+)|error-kinds|error-types)\s*-->[ \t]*$", re.MULTILINE
 )
-SERVICES = ("gateway", "verify", "embedding", "judge")
 # Where the wire's failure vocabulary (ErrorKind, ErrorType, RETRYABLE_KINDS) may live.
 ERROR_MODULES = ("arbiter.proto.errors", "arbiter.proto.components")
 
@@ -74,22 +76,6 @@ def _default(value: Any) -> str:
     return f"`{json.dumps(value)}`"  # a code span: shown as is
 
 
-def _settings_class(name: str) -> type:
-    from pydantic_settings import BaseSettings
-
-    module = importlib.import_module(f"arbiter.services.{name}.settings")
-    found = [
-        obj
-        for obj in vars(module).values()
-        if inspect.isclass(obj)
-        and issubclass(obj, BaseSettings)
-        and obj.__module__ == module.__name__
-    ]
-    if len(found) != 1:
-        raise ValueError(f"{module.__name__}: expected one settings class, found {found}")
-    return found[0]
-
-
 def _env_name(prefix: str, field_name: str, info: Any) -> str:
     alias = info.validation_alias
     if isinstance(alias, str):
@@ -101,7 +87,7 @@ def _env_name(prefix: str, field_name: str, info: Any) -> str:
 
 
 def service_table(name: str) -> str:
-    cls = _settings_class(name)
+    cls = settings_class(name)
     prefix = str(cls.model_config.get("env_prefix", ""))
     rows = [
         "| environment variable | type | default | description |",
