@@ -2,8 +2,8 @@
 
 ``mkdocs build --strict`` fails on a broken link or anchor and on a page missing from the
 nav (mkdocs.yml's ``validation``); the settings tables and the error-kind table are
-generated at build time by docs/hooks/settings.py, so these tests check that every field
-of every settings class, and every error kind, reaches the built pages.
+generated at build time by docs/hooks/tables.py, so these tests check that every field of
+every settings class and params model, and every error kind, reaches the built pages.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _page(site: Path, path: str) -> str:
 
 
 def _hook() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_hook", DOCS / "hooks" / "settings.py")
+    spec = importlib.util.spec_from_file_location("docs_hook", DOCS / "hooks" / "tables.py")
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -109,16 +109,30 @@ def test_trainer_settings_table_lists_every_field(site: Path) -> None:
 
 
 def test_error_kinds_are_listed(site: Path) -> None:
-    kinds = get_args(_hook()._errors_module().ErrorKind)
+    from arbiter.proto.errors import ErrorKind
+
+    kinds = get_args(ErrorKind)
     text = _page(site, "operations/errors")
     for kind in kinds:
         assert re.search(rf"\b{kind}\b", text), f"error kind {kind} missing"
 
 
+def test_params_tables_list_every_param(site: Path) -> None:
+    from arbiter.services.gateway.recipes import COMPONENTS
+
+    for spec in COMPONENTS.values():
+        text = _page(site, f"services/{spec.service}")
+        assert spec.path in text, f"{spec.path} missing from services/{spec.service}"
+        for name in spec.params_model.model_fields:
+            assert name in text, f"{spec.name} param {name} missing from services/{spec.service}"
+
+
 def test_unknown_marker_fails_the_build() -> None:
     # A typo in a marker must not ship a page without its table.
-    with pytest.raises(ValueError, match="unknown settings marker"):
+    with pytest.raises(ValueError, match="unknown marker"):
         _hook().on_page_markdown("<!-- settings: gatewya -->")
+    with pytest.raises(ValueError, match="unknown component"):
+        _hook().on_page_markdown("<!-- params: math_acuracy -->")
 
 
 def test_docs_describe_the_product_not_our_gpu_access() -> None:
