@@ -22,12 +22,14 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps $(NODEPS)
 	touch $@
 
-# System tools: a real redis-server; Debian's docker-compose v1 validates compose files offline.
+# System tools: a real redis-server; Debian's docker-compose v1 validates compose files offline;
+# promtool (Debian's prometheus package) checks monitoring/.
 redis:
-	@command -v redis-server >/dev/null && command -v docker-compose >/dev/null || { \
-	  echo "installing redis-server and docker-compose (apt)"; \
+	@command -v redis-server >/dev/null && command -v docker-compose >/dev/null \
+	  && command -v promtool >/dev/null || { \
+	  echo "installing redis-server, docker-compose and prometheus (promtool) (apt)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends redis-server docker-compose; }
+	    --no-install-recommends redis-server docker-compose prometheus; }
 
 # vLLM's CPU build serves the judge's test model; its own venv, its own torch.
 vllm: $(VLLM_VENV)/.installed
