@@ -15,23 +15,27 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from arbiter.errors import Unprocessable
+from arbiter.proto.common import ArbiterModel
 from arbiter.proto.components import Granularity
+from arbiter.proto.embedding import DiversityParams
 from arbiter.proto.gateway import Recipe, RecipeComponent, RecipeRef
+from arbiter.proto.judge import QualityParams, VerifierParams
 from arbiter.proto.verify import FormatParams, MathParams
 
 
 @dataclass(frozen=True)
 class ComponentSpec:
-    """Where a component lives and how it is cached (per response or per whole group)."""
+    """Where a component lives, how it is cached (per response or per whole group), and the
+    proto model its recipe params must pass (checked by the gateway, before any call)."""
 
     name: str
     service: str  # verify | embedding | judge: picks GATEWAY_<SERVICE>_URL
     path: str
     granularity: Granularity
-    params_model: type[BaseModel] | None = None  # validated at the gateway when known
+    params_model: type[ArbiterModel]
 
 
 COMPONENTS: dict[str, ComponentSpec] = {
@@ -39,9 +43,9 @@ COMPONENTS: dict[str, ComponentSpec] = {
     for spec in (
         ComponentSpec("math_accuracy", "verify", "/v1/math", "response", MathParams),
         ComponentSpec("format", "verify", "/v1/format", "response", FormatParams),
-        ComponentSpec("diversity", "embedding", "/v1/diversity", "group"),
-        ComponentSpec("judge_quality", "judge", "/v1/quality", "response"),
-        ComponentSpec("judge_verifier", "judge", "/v1/verifier", "response"),
+        ComponentSpec("diversity", "embedding", "/v1/diversity", "group", DiversityParams),
+        ComponentSpec("judge_quality", "judge", "/v1/quality", "response", QualityParams),
+        ComponentSpec("judge_verifier", "judge", "/v1/verifier", "response", VerifierParams),
     )
 }
 
@@ -91,6 +95,21 @@ class ResolvedRecipe:
     ref_json: dict[str, Any]  # pre-dumped for the response
 
 
+def check_params(spec: ComponentSpec, params: dict[str, Any], where: str) -> None:
+    """Validate ``params`` against the component's proto model; 422 naming the field.
+
+    The models forbid unknown fields, so a typo (``rubricc``) is refused here rather than
+    reaching the component service (or, worse, being silently ignored by it).
+    """
+    try:
+        spec.params_model.model_validate(params)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        sub = ".".join(str(p) for p in err["loc"])
+        param = f"{where}.{sub}" if sub else where
+        raise Unprocessable(f"{param}: {err['msg']}", param=param, code="invalid_params") from None
+
+
 def resolve(recipe: Recipe, where: str = "recipe") -> ResolvedRecipe:
     """Check a recipe against the registry; raise 422 naming the offending field."""
     bound: list[BoundComponent] = []
@@ -111,16 +130,7 @@ def resolve(recipe: Recipe, where: str = "recipe") -> ResolvedRecipe:
                 code="duplicate_component",
             )
         seen.add(comp.name)
-        if spec.params_model is not None:
-            try:
-                spec.params_model.model_validate(comp.params)
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                sub = ".".join(str(p) for p in err["loc"])
-                param = f"{at}.params" + (f".{sub}" if sub else "")
-                raise Unprocessable(
-                    f"{param}: {err['msg']}", param=param, code="invalid_params"
-                ) from None
+        check_params(spec, comp.params, f"{at}.params")
         bound.append(BoundComponent(spec, comp.weight, comp.params, canonical_json(comp.params)))
     ref = RecipeRef(
         name=recipe.name, fingerprint=fingerprint(recipe.components), components=recipe.components

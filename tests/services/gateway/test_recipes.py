@@ -94,12 +94,44 @@ def test_builtin_recipes() -> None:
         # an unknown verify param (the wire models forbid extras)
         ({"components": [{"name": "math_accuracy", "params": {"tol": 1}}]},
          "recipe.components.0.params.tol"),
+        # a typo in a judge param (proto.judge.QualityParams): refused at the gateway, not
+        # forwarded to the judge service
+        ({"components": [{"name": "format"},
+                         {"name": "judge_quality", "params": {"rubricc": "x"}}]},
+         "recipe.components.1.params.rubricc"),
+        # a judge param out of range (QualityParams.scale is 2..10)
+        ({"components": [{"name": "judge_quality", "params": {"scale": 1}}]},
+         "recipe.components.0.params.scale"),
+        # a judge_verifier param of the wrong type (VerifierParams.show_reference is a bool)
+        ({"components": [{"name": "judge_verifier", "params": {"show_reference": "maybe"}}]},
+         "recipe.components.0.params.show_reference"),
+        # British spelling of a diversity param (proto.embedding.DiversityParams.normalize)
+        ({"components": [{"name": "diversity", "params": {"normalise": "none"}}]},
+         "recipe.components.0.params.normalise"),
+        # a diversity value outside its Literal
+        ({"components": [{"name": "diversity", "params": {"normalize": "minmax"}}]},
+         "recipe.components.0.params.normalize"),
     ],
 )  # fmt: skip
 def test_bad_inline_recipe_names_the_field(recipe: dict[str, Any], param: str) -> None:
     with pytest.raises(Unprocessable) as info:
         RecipeBook().get(Recipe.model_validate(recipe))
     assert info.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("name", "params"),
+    [
+        ("math_accuracy", {"rel_tolerance": 1e-3}),
+        ("format", {"mode": "partial", "think_optional": True}),
+        ("judge_quality", {"rubric": "Rate it 1..{scale}.", "scale": 10, "max_tokens": 64}),
+        ("judge_verifier", {"top_logprobs": 20, "constrain_labels": False}),
+        ("diversity", {"normalize": "group_zscore"}),
+    ],
+)
+def test_every_components_params_are_accepted(name: str, params: dict[str, Any]) -> None:
+    recipe = RecipeBook().get(Recipe(components=comps((name, 1.0, params))))
+    assert recipe.components[0].params == params  # forwarded as given (fingerprint input)
 
 
 def test_unknown_recipe_name() -> None:
@@ -142,6 +174,12 @@ def test_yaml_recipes_load(tmp_path: Path) -> None:
          "recipes[0].components.0.name"),  # unknown component, with its place
         ({"recipes": [{"name": "x", "components": [{"name": "format", "weight": "w"}]}]},
          "recipes[0]"),  # wrong type
+        ({"recipes": [{"name": "x", "components": [
+            {"name": "judge_quality", "params": {"rubricc": "x"}}]}]},
+         "recipes[0].components.0.params.rubricc"),  # a judge param typo fails the start
+        ({"recipes": [{"name": "x", "components": [
+            {"name": "diversity", "params": {"normalize": "l2"}}]}]},
+         "recipes[0].components.0.params.normalize"),  # a bad diversity value too
     ],
 )  # fmt: skip
 def test_bad_yaml_fails_with_where(tmp_path: Path, doc: Any, needle: str) -> None:

@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from arbiter.procs import free_port, service_process
+from arbiter.proto.gateway import ScoreResponse
 from arbiter.services.gateway.recipes import RecipeBook
 from tests.conftest import start_service
 from tests.services.gateway.conftest import EXPECTED_FORMAT, EXPECTED_MATH, gsm8k_groups, score
@@ -19,6 +20,7 @@ async def test_named_recipe_scores_and_combines(gateway_url: str, gsm8k_dir: Pat
     groups = gsm8k_groups(gsm8k_dir, 2, offset=100)
     r = await score(gateway_url, {"recipe": "gsm8k", "groups": groups})
     assert r.status_code == 200, r.text
+    ScoreResponse.model_validate_json(r.content)  # rendered from plain lists, in the model's shape
     body = r.json()
     assert body["recipe"]["name"] == "gsm8k"
     assert body["recipe"]["fingerprint"] == RecipeBook().get("gsm8k").ref.fingerprint
@@ -70,6 +72,14 @@ GOOD_GROUP = {"id": "g", "prompt": "1+1?", "reference": "2", "responses": ["<ans
           "groups": [GOOD_GROUP]}, "recipe.components.0.weight"),  # wrong type, inline
         ({"recipe": {"components": [{"name": "format", "params": {"mode": 3}}]},
           "groups": [GOOD_GROUP]}, "recipe.components.0.params.mode"),  # bad param
+        # a judge param typo: checked against proto.judge.QualityParams at the gateway, so
+        # it is refused even though no judge service is configured here
+        ({"recipe": {"components": [{"name": "format"},
+                                    {"name": "judge_quality", "params": {"rubricc": "x"}}]},
+          "groups": [GOOD_GROUP]}, "recipe.components.1.params.rubricc"),
+        # a diversity param typo (proto.embedding.DiversityParams), no embedding service either
+        ({"recipe": {"components": [{"name": "diversity", "params": {"normalise": "none"}}]},
+          "groups": [GOOD_GROUP]}, "recipe.components.0.params.normalise"),
         ({"recipe": 7, "groups": [GOOD_GROUP]}, "recipe"),  # neither name nor object
         ({"recipe": "gsm8k", "groups": [{**GOOD_GROUP, "responses": []}]},
          "groups.0.responses"),  # empty responses
