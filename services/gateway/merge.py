@@ -1,0 +1,100 @@
+"""Step 4: write what the component calls answered back into the plan.
+
+Each score goes to exactly the response indices its text stood for. A component's answer
+is checked against the contract as it is merged: a wrong number of groups or scores, or a
+non-finite score, becomes a null with ``bad_response``; a null the component did not
+explain gets ``bad_response`` too, so every null carries a reason. A refused param
+(an ``InvalidRequest`` from the fan-out) is the caller's error: the whole request fails
+with 422 naming it. Successful scores become new cache entries.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from arbiter.errors import ArbiterError, InvalidRequest, Timeout, Unavailable, Unprocessable
+from arbiter.proto.components import ComponentResponse
+from arbiter.services.gateway.fanout import CallResult
+from arbiter.services.gateway.misses import Call
+from arbiter.services.gateway.plan import ComponentScores, Item
+
+
+@dataclass
+class Merged:
+    writes: list[tuple[str, str]] = field(default_factory=list)  # new cache entries
+    failures: list[ArbiterError] = field(default_factory=list)  # calls that failed as a whole
+    prompt_tokens: int = 0  # the judge's, billed to the caller
+    completion_tokens: int = 0
+
+
+def merge(comps: list[ComponentScores], calls: list[Call], results: list[CallResult]) -> Merged:
+    out = Merged()
+    for call, result in zip(calls, results, strict=True):
+        comp = call.comp
+        if isinstance(result, ArbiterError):
+            if isinstance(result, InvalidRequest):  # the recipe's params were refused
+                param = f"recipe.components.{comps.index(comp)}.{result.param}"
+                raise Unprocessable(
+                    f"{param}: {result.message}", param=param, code="invalid_params"
+                )
+            out.failures.append(result)
+            for item in call.items:
+                comp.fail(item, result.kind, result.message)
+            continue
+        if comp.bound.spec.service == "judge":  # embedding reports tokens too; not billed
+            out.prompt_tokens += result.usage.prompt_tokens
+            out.completion_tokens += result.usage.completion_tokens
+        _merge_one(comp, call.items, result, out.writes)
+    return out
+
+
+def _merge_one(
+    comp: ComponentScores, chunk: list[Item], resp: ComponentResponse, writes: list[tuple[str, str]]
+) -> None:
+    name = comp.name
+    if len(resp.groups) != len(chunk):
+        for item in chunk:
+            comp.fail(item, "bad_response", f"{name}: {len(resp.groups)} groups for {len(chunk)}")
+        return
+    for item, rg in zip(chunk, resp.groups, strict=True):
+        if len(rg.scores) != len(item.texts):
+            msg = f"{name}: {len(rg.scores)} scores for {len(item.texts)} responses"
+            comp.fail(item, "bad_response", msg)
+            continue
+        explained: set[int] = set()
+        for err in rg.errors:
+            if err.index < len(item.positions):
+                explained.add(err.index)
+                for j in item.positions[err.index]:
+                    comp.errors[item.g].append((j, err.kind, err.message))
+        all_ok = True
+        for u, score in enumerate(rg.scores):
+            if score is not None and not math.isfinite(score):
+                score = None
+                explained.discard(u)
+            if score is None:
+                all_ok = False
+                if u not in explained:
+                    for j in item.positions[u]:
+                        comp.errors[item.g].append((j, "bad_response", f"{name}: null, no reason"))
+            elif not comp.group_level:
+                writes.append((item.keys[u], repr(score)))
+            for j in item.positions[u]:
+                comp.scores[item.g][j] = score
+        info = rg.info
+        if info and not item.full:
+            info = {**info, "sent_indices": [p[0] for p in item.positions]}
+        if info:
+            comp.info[item.g] = info
+        if comp.group_level and all_ok:
+            writes.append((item.keys[0], json.dumps({"s": rg.scores, "i": rg.info})))
+
+
+def failure_error(failures: list[ArbiterError]) -> ArbiterError:
+    """The request-level error for ``on_error="fail"``: 504 when every failure timed out."""
+    messages = "; ".join(dict.fromkeys(f.message for f in failures))[:1000]
+    if all(f.kind == "timeout" for f in failures):
+        return Timeout(messages, code="component_timeout")
+    return Unavailable(messages, code=f"component_{failures[0].kind}")
