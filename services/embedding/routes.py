@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Depends, Request
 
 from arbiter.proto.components import ComponentResponse
 from arbiter.proto.embedding import DiversityRequest, EmbeddingRequest, EmbeddingResponse, ModelList
+from arbiter.services.common.responses import JSONBody
 from arbiter.services.embedding.scoring import EmbeddingHandler
 
 router = APIRouter(prefix="/v1", tags=["embedding"])
@@ -19,29 +20,23 @@ async def get_handler(request: Request) -> EmbeddingHandler:
     return handler
 
 
-def _json(model: ComponentResponse | EmbeddingResponse) -> Response:
-    return Response(model.model_dump_json(), media_type="application/json")
-
-
 HandlerDep = Annotated[EmbeddingHandler, Depends(get_handler)]
 
 
 @router.post("/diversity", response_model=ComponentResponse, summary="diversity per response")
-async def diversity(req: DiversityRequest, handler: HandlerDep) -> Response:
+async def diversity(req: DiversityRequest, handler: HandlerDep) -> JSONBody:
     """1 − cos(e_i, mean of the group's normalised embeddings); null + `empty_response`
     for an empty response, null + `group_too_small` when < 2 non-empty responses;
     `info.truncated` lists responses cut to the model's max sequence length."""
-    # Serialised once by pydantic-core: returning the model would make FastAPI validate it
-    # again against response_model (which stays, for the OpenAPI schema) before dumping it.
-    return _json(await handler.diversity(req))
+    return JSONBody(await handler.diversity(req))
 
 
 @router.post("/embeddings", response_model=EmbeddingResponse, summary="OpenAI-compatible")
-async def embeddings(req: EmbeddingRequest, handler: HandlerDep) -> Response:
+async def embeddings(req: EmbeddingRequest, handler: HandlerDep) -> JSONBody:
     """OpenAI's embeddings API: L2-normalised vectors, `float` or `base64` encoding."""
-    return _json(await handler.embeddings(req))
+    return JSONBody(await handler.embeddings(req))
 
 
 @router.get("/models", response_model=ModelList, summary="the served model")
-async def models(handler: HandlerDep) -> ModelList:
-    return handler.models()
+async def models(handler: HandlerDep) -> JSONBody:
+    return JSONBody(handler.models())

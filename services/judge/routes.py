@@ -8,12 +8,14 @@ from fastapi import APIRouter, Depends, Request
 
 from arbiter.proto.components import ComponentResponse
 from arbiter.proto.judge import QualityRequest, VerifierRequest
+from arbiter.services.common.responses import JSONBody
 from arbiter.services.judge.scoring import Judge
 
 router = APIRouter(prefix="/v1", tags=["judge"])
 
 
-def get_judge(request: Request) -> Judge:
+async def get_judge(request: Request) -> Judge:
+    # async: a plain `def` dependency would run on the threadpool, one thread hop per request
     judge: Judge = request.app.state.judge
     return judge
 
@@ -21,13 +23,13 @@ def get_judge(request: Request) -> Judge:
 JudgeDep = Annotated[Judge, Depends(get_judge)]
 
 
-@router.post("/quality", response_model=ComponentResponse)
-async def quality(req: QualityRequest, judge: JudgeDep) -> ComponentResponse:
+@router.post("/quality", response_model=ComponentResponse, summary="judge_quality per response")
+async def quality(req: QualityRequest, judge: JudgeDep) -> JSONBody:
     """Rubric rating by the judge model, overall 1..scale mapped to [0, 1]."""
-    return await judge.quality(req)
+    return JSONBody(await judge.quality(req))
 
 
-@router.post("/verifier", response_model=ComponentResponse)
-async def verifier(req: VerifierRequest, judge: JudgeDep) -> ComponentResponse:
+@router.post("/verifier", response_model=ComponentResponse, summary="judge_verifier per response")
+async def verifier(req: VerifierRequest, judge: JudgeDep) -> JSONBody:
     """p(Yes) / (p(Yes) + p(No)) of the judge's one-token verdict on each response."""
-    return await judge.verifier(req)
+    return JSONBody(await judge.verifier(req))
