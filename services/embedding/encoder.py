@@ -43,6 +43,13 @@ class Encoded:
     truncated: np.ndarray  # (n,) bool: the text was longer than max_seq_length
 
 
+def hub_offline() -> bool:
+    """Offline unless asked: only ``HF_HUB_OFFLINE=0`` (or false/no/off) lets the model load
+    download from the hub; unset means the model must already be on disk."""
+    value = os.environ.get("HF_HUB_OFFLINE", "1").strip().lower()
+    return value not in ("0", "false", "no", "off")
+
+
 def resolve_device(device: str) -> str:
     import torch
 
@@ -82,7 +89,6 @@ class Encoder:
         import torch
         from sentence_transformers import SentenceTransformer
 
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         self.settings = settings
         self.device = resolve_device(settings.device)
         if self.device == "cpu" and settings.dtype == "float16":
@@ -97,6 +103,7 @@ class Encoder:
             settings.model,
             device=self.device,
             trust_remote_code=settings.trust_remote_code,
+            local_files_only=hub_offline(),
             model_kwargs={"dtype": getattr(torch, _DTYPES[settings.dtype])},
         )
         self.model.eval()
