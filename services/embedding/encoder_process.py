@@ -20,6 +20,7 @@ import threading
 from multiprocessing.connection import Connection
 from typing import Any
 
+from arbiter.services.common.logs import configure
 from arbiter.services.embedding.encoder import Encoded, Encoder
 from arbiter.services.embedding.settings import EmbeddingSettings
 
@@ -27,6 +28,7 @@ log = logging.getLogger("arbiter.embedding")
 
 
 def _child(conn: Connection, settings: dict[str, Any]) -> None:
+    configure("embedding", settings["log_level"])  # a spawned process starts unconfigured
     try:
         encoder = Encoder(EmbeddingSettings(**settings))
     except Exception as exc:
