@@ -58,14 +58,19 @@ def serve(name: str, host: str | None = None, port: int | None = None, workers: 
     try:
         settings: ServiceSettings = module.get_settings()
     except ValidationError as exc:  # a bad variable: say which, before anything starts
-        sys.stderr.write(f"arbiter serve {name}: invalid settings\n{exc}\n")
+        prefix = str(settings_class(name).model_config.get("env_prefix", ""))
+        problems = [
+            f"  {(prefix + str(e['loc'][0])).upper() + ': ' if e['loc'] else ''}{e['msg']}"
+            for e in exc.errors()
+        ]
+        sys.stderr.write(f"arbiter serve {name}: invalid settings\n" + "\n".join(problems) + "\n")
         return 2
     # The app factory reads the same (cached) settings; host and port are uvicorn's alone.
     uvicorn.run(
         f"arbiter.services.{name}.app:create_app",
         factory=True,
-        host=host or settings.host,
-        port=port or settings.port,
+        host=settings.host if host is None else host,
+        port=settings.port if port is None else port,
         workers=workers,
         lifespan="on",  # a failed start-up (model load, bad recipes) stops the process
         log_config=log_config(name, settings.log_level),

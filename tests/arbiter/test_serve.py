@@ -128,7 +128,7 @@ def test_bad_settings_exit_before_start_naming_the_variable(tmp_path: Path) -> N
         timeout=60,
     )
     assert done.returncode == 2
-    assert "invalid settings" in done.stderr and "log_level" in done.stderr
+    assert "invalid settings" in done.stderr and "VERIFY_LOG_LEVEL: " in done.stderr
 
 
 def test_a_traceback_stays_on_one_line() -> None:
