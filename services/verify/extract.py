@@ -42,6 +42,7 @@ _NUMBER = re.compile(
 )
 
 # Normalisation of a candidate into a number.
+_FACTORIAL_BEFORE = frozenset("0123456789)}]")
 _LATEX_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|textrm|mbox|operatorname)\s*\{")
 _LATEX_DROP = re.compile(
     r"\\[,!;: ]|\\(?:left|right|displaystyle|quad|qquad)\b|\\\(|\\\)|\\\[|\\\]"
@@ -151,6 +152,19 @@ def last_number(text: str) -> str | None:
 # ---------------------------------------------------------------- normalisation
 
 
+def strip_punctuation(s: str) -> str:
+    """Drop trailing ``.``, ``;``, ``,`` and ``!`` - except a ``!`` right after a digit or a
+    closing bracket, which is a factorial (``10000!`` is not 10000; ``18 !`` and ``yes!`` are
+    prose). Such a candidate is not a plain number: math-verify decides it in the pool,
+    under the item's deadline, so a huge factorial costs at most that deadline."""
+    s = s.strip()
+    while s and s[-1] in ".;,!":
+        if s[-1] == "!" and len(s) > 1 and s[-2] in _FACTORIAL_BEFORE:
+            break
+        s = s[:-1].rstrip()
+    return s
+
+
 def clean(candidate: str) -> str:
     """Strip markdown emphasis, LaTeX wrappers and trailing punctuation from a candidate."""
     s = candidate.strip()
@@ -161,7 +175,7 @@ def clean(candidate: str) -> str:
     elif len(s) > 1 and s[0] == s[-1] == "$" and s.replace("\\$", "").count("$") == 2:
         s = s[1:-1]
     s = s.replace("\\$", "$").replace("\\%", "%").replace("{,}", ",")
-    s = s.strip().rstrip(".;,!").strip()
+    s = strip_punctuation(s)
     inner = boxed_contents(s)
     if inner and s.startswith(("\\boxed", "\\fbox")):
         s = inner[-1].strip()
@@ -194,7 +208,7 @@ def to_number(candidate: str) -> Number | None:
     s = _unwrap_text(s)
     if "=" in s:
         s = s.rsplit("=", 1)[1]
-    s = s.strip().rstrip(".;,!").strip()
+    s = strip_punctuation(s)
     s = s.replace("\u2212", "-")
     m = _FRAC.match(s) or _FRAC_SHORT.match(s)
     if m:

@@ -59,6 +59,13 @@ MATH_CASES: list[tuple[str, str, float, str]] = [
     ("\\boxed{18}, i.e. \\boxed{\\frac{36}{2}}", "18", 1.0, "one value written two ways is fine"),
     ("<think>maybe \\boxed{17}</think><answer>18</answer>", "18", 1.0, "boxes in the reasoning"),
     ("<answer>18", "18", 1.0, "unclosed tag is no block: falls back to the last number"),
+    # --- factorials: a '!' right after a digit or bracket is math, not punctuation
+    ("<answer>10000!</answer>", "10000", 0.0, "10000! is not 10000"),
+    ("<answer>5!</answer>", "120", 1.0, "5! equals 120 (math-verify)"),
+    ("The answer is \\boxed{(2+3)!}", "120", 1.0, "factorial of a bracket"),
+    ("<answer>10000!</answer>", "10000!", 1.0, "a factorial reference, same value"),
+    ("The answer is 18 !", "18", 1.0, "a '!' after a space is an exclamation"),
+    ("The answer is 18.", "18", 1.0, "a full stop is still punctuation"),
 ]
 
 # (response, reference, kind, why): null scores.
