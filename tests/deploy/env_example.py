@@ -56,6 +56,13 @@ COMPOSE_LEVEL = {
     "ARBITER_VLLM_MAX_LOGPROBS": "vLLM --max-logprobs (at least JUDGE_TOP_LOGPROBS).",
     "ARBITER_VLLM_HF_HUB_OFFLINE": "HF_HUB_OFFLINE of vLLM: 0 downloads JUDGE_MODEL into the "
     "vllm-cache volume.",
+    "ARBITER_VLLM_CPU_DTYPE": "vLLM --dtype on the CPU (profile cpu).",
+    "ARBITER_VLLM_CPU_KVCACHE_GB": "GiB of memory for vLLM's KV cache on the CPU (profile cpu).",
+    "ARBITER_PROMETHEUS_PORT": "Host port (127.0.0.1) of Prometheus (profile monitoring).",
+    "ARBITER_PROMETHEUS_RETENTION": "How long Prometheus keeps samples (profile monitoring).",
+    "ARBITER_GRAFANA_PORT": "Host port (127.0.0.1) of Grafana (profile monitoring).",
+    "ARBITER_GRAFANA_ADMIN_PASSWORD": "Grafana's admin password (it asks for a new one at the "
+    "first login with the default).",
     "ARBITER_TRAINER_CONFIG": "Trainer config inside the image (profile train).",
     "ARBITER_TRAINER_RUN": "Run name: checkpoints and metrics go to /app/runs/NAME in the "
     "trainer-runs volume.",

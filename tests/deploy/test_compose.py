@@ -34,7 +34,13 @@ from tests.deploy.deployfiles import (
 from tests.deploy.tools import run, tool
 
 CPU_SERVICES = {"redis", "verify", "embedding", "gateway"}
-PROFILES = {"gpu": {"vllm", "judge"}, "train": {"trainer"}}
+PROFILES = {
+    "gpu": {"vllm", "judge"},
+    "cpu": {"vllm-cpu", "judge"},  # the judge's model on vLLM's CPU build
+    "judge": {"judge"},  # the judge alone, against any OpenAI-compatible JUDGE_BASE_URL
+    "monitoring": {"prometheus", "grafana"},
+    "train": {"trainer"},
+}
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +55,10 @@ def compose() -> dict[str, Any]:
         ["gpu"],  # + vllm and judge
         ["train"],  # + trainer
         ["gpu", "train"],  # everything
+        ["cpu"],  # + vllm-cpu and judge
+        ["judge", "monitoring"],  # + judge alone, Prometheus and Grafana
     ],
-    ids=["cpu", "gpu", "train", "all"],
+    ids=["cpu", "gpu", "train", "all", "cpu-judge", "judge-monitoring"],
 )
 def test_docker_compose_v1_accepts_the_file(profiles: list[str]) -> None:
     flags = [a for p in profiles for a in ("--profile", p)]

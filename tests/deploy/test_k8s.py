@@ -49,7 +49,13 @@ def rendered() -> dict[str, dict[tuple[str, str], dict[str, Any]]]:
 
 
 def test_the_tree_has_base_and_both_overlays() -> None:
-    assert [rel(d) for d in KUSTOMIZE_DIRS] == ["k8s/base", "k8s/overlays/dev", "k8s/overlays/prod"]
+    # k8s/monitoring: the ServiceMonitor (tests/deploy/test_monitoring.py checks it)
+    assert [rel(d) for d in KUSTOMIZE_DIRS] == [
+        "k8s/base",
+        "k8s/monitoring",
+        "k8s/overlays/dev",
+        "k8s/overlays/prod",
+    ]
 
 
 @pytest.mark.parametrize("target", TARGETS)

@@ -19,8 +19,9 @@ import httpx
 import pytest
 import yaml
 
+from arbiter.serve import SERVICES, default_port
 from tests.conftest import start_service
-from tests.deploy.deployfiles import K8S, REPO, by_kind_name, kustomize
+from tests.deploy.deployfiles import COMPOSE, K8S, REPO, by_kind_name, kustomize, load_compose
 from tests.deploy.tools import run, tool
 from tests.services.embedding.conftest import embedding_url, wait_ready  # noqa: F401  (fixture)
 
@@ -161,3 +162,31 @@ def test_the_service_monitor_matches_the_services() -> None:
         assert selector.items() <= service["metadata"]["labels"].items(), name
         ports = {p["name"] for p in service["spec"]["ports"]}
         assert endpoint["port"] in ports, name
+
+
+def test_compose_monitoring_profile_mounts_what_ships() -> None:
+    compose = load_compose()
+    services = compose["services"]
+    mounts = {
+        name: {v.split(":")[1]: v.split(":")[0] for v in services[name]["volumes"]}
+        for name in ("prometheus", "grafana")
+    }
+    assert (REPO / mounts["prometheus"]["/etc/prometheus/prometheus.yml"]).is_file()
+    assert (REPO / mounts["prometheus"]["/etc/prometheus/alerts.yml"]) == ALERTS
+    assert (REPO / mounts["grafana"]["/etc/grafana/provisioning"]) == PROVISIONING
+    assert (REPO / mounts["grafana"]["/var/lib/grafana/dashboards"]) == DASHBOARD.parent
+    # Prometheus scrapes each service by its compose name on its settings' port
+    config = yaml.safe_load((MONITORING / "prometheus.yml").read_text())
+    targets = {j["job_name"]: j["static_configs"][0]["targets"] for j in config["scrape_configs"]}
+    for service in SERVICES:
+        assert service in services, service
+        assert targets[service] == [f"{service}:{default_port(service)}"], service
+
+
+def test_the_embedding_publish_override_is_valid_compose() -> None:
+    override = REPO / "docker" / "compose.embedding.yml"
+    cmd = [tool("docker-compose"), "-f", str(COMPOSE), "-f", str(override), "config"]
+    rendered = yaml.safe_load(run(cmd, "docker-compose with the embedding override").stdout)
+    [port] = rendered["services"]["embedding"]["ports"]
+    # docker-compose 1.29 renders the short form: 127.0.0.1:8002:8002/tcp (localhost only)
+    assert port == f"127.0.0.1:8002:{default_port('embedding')}/tcp"
