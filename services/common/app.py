@@ -22,6 +22,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from arbiter.errors import ArbiterError, Unprocessable, from_status, to_envelope
 from arbiter.proto.common import Health, Readiness
 from arbiter.proto.errors import ErrorResponse
+from arbiter.services.common.disconnect import CancelOnDisconnect
 
 log = logging.getLogger("arbiter")
 
@@ -170,5 +171,6 @@ def create_service_app(
         responses={200: {"model": Readiness}, 503: {"model": Readiness}},
     )
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"], include_in_schema=False)
+    app.add_middleware(CancelOnDisconnect, service=service)  # inside the timing: 499s timed
     app.add_middleware(TimingMiddleware, service=service)
     return app
