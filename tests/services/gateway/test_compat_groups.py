@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -127,3 +128,31 @@ def test_a_lone_sample_has_no_diversity(diverse_url: str, gsm8k_dir: Path) -> No
         send_all(f"{url}&null_reward=0", slime_bodies(prompt, label, responses[:1]))
     )
     assert status == 200 and out["masked"] == 1.0 and out["diversity"] == 0.0
+
+
+def test_a_group_whose_clients_all_left_is_not_scored(diverse_url: str, gsm8k_dir: Path) -> None:
+    """The clients give up (disconnect) inside the window: nothing is scored for them."""
+    prompt, label, responses = group_of(gsm8k_dir, 405)
+    url = f"{diverse_url}/v1/compat/slime/gsm8k-diverse?window_ms=1000"
+    before = group_sizes(diverse_url)
+
+    async def give_up() -> None:
+        timeout = aiohttp.ClientTimeout(total=0.3)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+
+            async def one(body: dict[str, Any]) -> None:
+                with pytest.raises(asyncio.TimeoutError):
+                    async with session.post(url, json=body) as resp:
+                        await resp.read()
+
+            await asyncio.gather(*(one(b) for b in slime_bodies(prompt, label, responses[:2])))
+
+    asyncio.run(give_up())
+    time.sleep(1.5)  # past the window: a batch with a waiter left would have been scored
+    assert group_sizes(diverse_url) == before
+    # the same prompt right after: a new group, scored normally
+    answers = asyncio.run(
+        send_all(f"{url}&group_size=2", slime_bodies(prompt, label, responses[:2]))
+    )
+    assert [s for s, _ in answers] == [200, 200]
+    assert group_sizes(diverse_url)[1] - before[1] == 2
