@@ -1,16 +1,27 @@
 """Trainer speed on one GPU: our sampler + GRPO step against TRL's GRPOTrainer and plain generate.
 
 Same setting as the TRL anchor (``../shared/bench/trl_grpo_anchor.py``, whose model/tokenizer
-builders and TRL phase are reused so both sides see the same thing): random-init 0.48 B Qwen2
-(hidden 1024, 24 layers, 16 heads, 2 KV heads, vocab 32,000, bf16, SDPA), 8 prompts x G=8,
-128 new tokens, temperature 1, top_p 1, length reward, beta 0, token-mean loss, AdamW lr 1e-6,
-grad-norm clip 1.0, one optimizer step per batch (mu = 1: old log-probs = detached current).
+builders and TRL phase are reused so both sides see the same thing): a random-init Qwen2 of
+the anchor's shape (default 0.48 B: hidden 1024, 24 layers, 16 heads, 2 KV heads, vocab
+32,000; ``ANCHOR_SHAPE=qwen2.5-1.5b`` or ``qwen2.5-7b`` for the real configs), bf16, SDPA;
+``ANCHOR_PROMPTS`` prompts x ``ANCHOR_G`` completions, ``ANCHOR_NEW`` new tokens,
+temperature 1, top_p 1, length reward, beta 0, token-mean loss, AdamW lr 1e-6, grad-norm
+clip 1.0, one optimizer step per batch (mu = 1: old log-probs = detached current).
 
 Phases (``--phases``, default all): ``check`` (CUDA graph vs eager greedy ids identical; mean
 NLL of our samples vs HF generate's under the training forward), ``hf`` (plain
-``model.generate``), ``ours`` (sampler alone, eager and graphed, then full steps), ``trl``.
+``model.generate``), ``ours`` (the samplers alone, then full GRPO steps through the
+trainer's own ``train_on_batch``), ``trl``.
 
     python -m bench.trainer_speed [--anchor PATH] [--steps 16] [--phases check,hf,ours,trl]
+
+The seed's scale (issue 14): Qwen2.5-1.5B config, 32 prompts x G=8, 512 new tokens, with the
+memory settings on (micro-batches of 16, chunked log-probs, gradient checkpointing), TRL at
+per-device batch 16 x accumulation 16:
+
+    ANCHOR_SHAPE=qwen2.5-1.5b ANCHOR_PROMPTS=32 ANCHOR_G=8 ANCHOR_NEW=512 ANCHOR_TRL_BS=16 \
+      python -m bench.trainer_speed --phases ours,trl --steps 4 --micro-batch 16 \
+      --gradient-checkpointing --trl-batch 16
 
 Writes ``$OUT/trainer_speed.json`` (rewritten after each phase) and prints a table last.
 ``ANCHOR_SMALL=1`` shrinks everything for a CPU smoke test (as in the anchor).
@@ -59,8 +70,9 @@ def _prompts(a: ModuleType, tok: Any, dev: str) -> tuple[torch.Tensor, torch.Ten
         for r in rows
     ]
     texts = [t for t in texts for _ in range(a.G)]
-    enc = tok(texts, return_tensors="pt", padding=True, padding_side="left",
-              add_special_tokens=False).to(dev)  # fmt: skip
+    enc = tok(
+        texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
+    ).to(dev)
     return enc["input_ids"], enc["attention_mask"]
 
 
@@ -68,9 +80,10 @@ def _length_reward(texts: list[str]) -> list[float]:
     return [min(len(t), 400) / 400.0 for t in texts]  # the anchor's reward
 
 
-def _mean_nll(model: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, ids: torch.Tensor,
-              mask: torch.Tensor) -> tuple[float, float]:  # fmt: skip
-    from arbiter.trainer.grpo import completion_logits, token_logprobs
+def _mean_nll(
+    model: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
+) -> tuple[float, float]:
+    from arbiter.trainer.logprobs import completion_logits, token_logprobs
 
     with torch.no_grad():
         logits = completion_logits(
@@ -95,9 +108,17 @@ def phase_check(a: ModuleType, tok: Any, dev: str) -> dict[str, Any]:
     gen = torch.Generator(device=dev).manual_seed(0)
     ours, ours_mask = graphed(p_ids, p_mask, SamplingParams(a.MAX_NEW, generator=gen, **kw))
     with torch.no_grad():
-        out = model.generate(input_ids=p_ids, attention_mask=p_mask, max_new_tokens=a.MAX_NEW,
-                             do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                             disable_compile=True, **kw)  # fmt: skip
+        out = model.generate(
+            input_ids=p_ids,
+            attention_mask=p_mask,
+            max_new_tokens=a.MAX_NEW,
+            do_sample=True,
+            temperature=1.0,
+            top_p=1.0,
+            top_k=0,
+            disable_compile=True,
+            **kw,
+        )
     hf = out[:, p_ids.shape[1] :]
     from arbiter.trainer.generation import completion_mask_from_ids
 
@@ -142,9 +163,17 @@ def phase_hf(a: ModuleType, tok: Any, dev: str) -> dict[str, Any]:
 
     model = a.load_model().eval()
     p_ids, p_mask = _prompts(a, tok, dev)
-    cfg = GenerationConfig(max_new_tokens=a.MAX_NEW, min_new_tokens=a.MAX_NEW, do_sample=True,
-                           temperature=1.0, top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id,
-                           eos_token_id=tok.eos_token_id, disable_compile=True)  # fmt: skip
+    cfg = GenerationConfig(
+        max_new_tokens=a.MAX_NEW,
+        min_new_tokens=a.MAX_NEW,
+        do_sample=True,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        disable_compile=True,
+    )
     times = []
     with torch.no_grad():
         for _ in range(3):
@@ -156,12 +185,17 @@ def phase_hf(a: ModuleType, tok: Any, dev: str) -> dict[str, Any]:
     n_tok = (out.shape[1] - p_ids.shape[1]) * out.shape[0]
     best = min(times[1:])
     del model
-    return {"times_s": [round(x, 3) for x in times], "s": round(best, 3),
-            "tokens": n_tok, "tokens_per_s": round(n_tok / best, 1)}  # fmt: skip
+    return {
+        "times_s": [round(x, 3) for x in times],
+        "s": round(best, 3),
+        "tokens": n_tok,
+        "tokens_per_s": round(n_tok / best, 1),
+    }
 
 
-def _time_sampler(sampler: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, n: int, tok: Any,
-                  reps: int, dev: str) -> dict[str, Any]:  # fmt: skip
+def _time_sampler(
+    sampler: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, n: int, tok: Any, reps: int, dev: str
+) -> dict[str, Any]:
     gen = torch.Generator(device=dev).manual_seed(1)
     params = SamplingParams.for_tokenizer(tok, n, generator=gen)
     times, toks = [], []
@@ -174,98 +208,155 @@ def _time_sampler(sampler: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, n: in
         toks.append(int(mask.sum()))
     best = min(times[1:]) if reps > 1 else times[0]
     i = times.index(best)
-    return {"times_s": [round(x, 4) for x in times], "s": round(best, 4), "tokens": toks[i],
-            "tokens_per_s": round(toks[i] / best, 1),
-            "ms_per_decode_step": round(1000 * best / n, 3)}  # fmt: skip
+    return {
+        "times_s": [round(x, 4) for x in times],
+        "s": round(best, 4),
+        "tokens": toks[i],
+        "tokens_per_s": round(toks[i] / best, 1),
+        "ms_per_decode_step": round(1000 * best / n, 3),
+    }
 
 
 def phase_ours(
-    a: ModuleType, tok: Any, dev: str, steps: int, compile_steps: bool = False
+    a: ModuleType, tok: Any, dev: str, steps: int, opts: argparse.Namespace
 ) -> dict[str, Any]:
+    """Sampler timings, then full GRPO steps through the trainer's own update
+    (``trainer.update.train_on_batch``: micro-batches, chunked log-probs, optional gradient
+    checkpointing) with the sampler the trainer uses (compiled + graphed on a GPU)."""
     from arbiter.trainer.generation import Sampler
 
-    res: dict[str, Any] = {}
+    res: dict[str, Any] = {"options": vars(opts) | {"anchor": str(opts.anchor)}}
     model = a.load_model()
     p_ids, p_mask = _prompts(a, tok, dev)
     n = a.MAX_NEW
-    eager = Sampler(model, use_cuda_graphs=False, compile=False)
-    res["sampler_eager"] = _time_sampler(eager, p_ids, p_mask, n, tok, 2, dev)
-    sampler = Sampler(model, compile=False)
-    res["sampler_graphs"] = _time_sampler(sampler, p_ids, p_mask, n, tok, 4, dev)
-    print("sampler", res, flush=True)
-    res["steps_sampler"] = "graphs"
-    if dev == "cuda":  # option: torch.compile the decode forward before capture
+    modes = opts.sampler_modes.split(",") if opts.sampler_modes else []
+    kinds = {
+        "eager": dict(use_cuda_graphs=False, compile=False),
+        "graphs": dict(compile=False),
+        "compiled": dict(compile=True),
+    }
+    for mode in modes:  # the sampler alone
         try:
             t = time.perf_counter()
-            compiled = Sampler(model, compile=True)
-            res["sampler_graphs_compiled"] = _time_sampler(compiled, p_ids, p_mask, n, tok, 4, dev)
-            if compile_steps:
-                sampler, res["steps_sampler"] = compiled, "graphs + compiled"
-            res["sampler_graphs_compiled"]["first_call_with_compile_s"] = round(
-                time.perf_counter() - t - 3 * res["sampler_graphs_compiled"]["s"], 1
-            )
+            timed = _time_sampler(Sampler(model, **kinds[mode]), p_ids, p_mask, n, tok, 3, dev)
+            timed["first_call_s"] = round(time.perf_counter() - t - 2 * timed["s"], 1)
+            res[f"sampler_{mode}"] = timed
         except Exception as e:  # keep the rest of the phase
-            res["sampler_graphs_compiled"] = {"error": repr(e)[:1000]}
-        print("compiled", res["sampler_graphs_compiled"], flush=True)
+            res[f"sampler_{mode}"] = {"error": repr(e)[:1000]}
+        print(mode, res[f"sampler_{mode}"], flush=True)
+        if dev == "cuda":
+            torch.cuda.empty_cache()
+    res |= _grpo_steps(a, tok, dev, steps, opts, model, p_ids, p_mask)
+    del model
+    return res
 
-    # full GRPO steps with the trainer's loss code (falls back to an equivalent local copy)
-    try:
-        from arbiter.trainer.grpo import (
-            completion_logits,
-            group_advantages,
-            grpo_loss,
-            token_logprobs,
-        )
 
-        res["loss_code"] = "arbiter.trainer.grpo (group_advantages, completion_logits, grpo_loss)"
-    except ImportError as e:  # pragma: no cover - only while trainer.grpo is being written
-        raise SystemExit(f"arbiter.trainer.grpo not importable: {e}") from e
+def _grpo_steps(
+    a: ModuleType,
+    tok: Any,
+    dev: str,
+    steps: int,
+    opts: argparse.Namespace,
+    model: Any,
+    p_ids: torch.Tensor,
+    p_mask: torch.Tensor,
+) -> dict[str, Any]:
+    from arbiter.trainer.config import TrainerConfig
+    from arbiter.trainer.generation import Sampler
+    from arbiter.trainer.grpo import build_optimizer, group_advantages
+    from arbiter.trainer.rollout import Rollout
+    from arbiter.trainer.setup import Dist, enable_gradient_checkpointing
+    from arbiter.trainer.update import train_on_batch
+
+    # the anchor's loss: beta 0, token mean, mu 1, AdamW lr 1e-6, grad clip 1.0; bf16 weights
+    # as the anchor loads them for TRL too (precision "bf16": no fp32 master copy)
+    cfg = TrainerConfig(
+        model=a.MDIR,
+        rollouts_per_step=a.NSEQ,
+        group_size=a.G,
+        lr=1e-6,
+        beta=0.0,
+        micro_batch_size=opts.micro_batch or a.NSEQ,
+        logprob_chunk_tokens=opts.logprob_chunk,
+        gradient_checkpointing=opts.gradient_checkpointing,
+        max_new_tokens=a.MAX_NEW,
+    )
+    res: dict[str, Any] = {"loss_code": "arbiter.trainer.update.train_on_batch"}
+    if cfg.gradient_checkpointing:
+        enable_gradient_checkpointing(model)
     model.train()
-    model.config.use_cache = False
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=dev == "cuda")
+    sampler = Sampler(
+        model,
+        compile=None if opts.compile_sampler else False,
+        keep_cache=not opts.free_sampler_cache,
+    )
+    kind = "graphs" if sampler.use_graphs else "eager"
+    res["steps_sampler"] = f"compiled + {kind}" if sampler.compiled else kind
+    opt, _ = build_optimizer(model, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0)
     gen = torch.Generator(device=dev).manual_seed(2)
+    params = SamplingParams.for_tokenizer(tok, a.MAX_NEW, generator=gen)
     rows = []
+    peak_gen = peak_train = 0.0
     for step in range(steps + WARMUP):
         _sync()
         t0 = time.perf_counter()
-        ids, mask = sampler(p_ids, p_mask, SamplingParams.for_tokenizer(tok, n, generator=gen))
+        if dev == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        ids, mask = sampler(p_ids, p_mask, params)
         _sync()
         t1 = time.perf_counter()
-        texts = tok.batch_decode(ids.masked_fill(~mask, tok.pad_token_id),
-                                 skip_special_tokens=True)  # fmt: skip
-        rewards = torch.tensor(_length_reward(texts), device=dev)
-        adv = group_advantages(rewards, a.G)
+        texts = tok.batch_decode(ids.masked_fill(~mask, tok.pad_token_id), skip_special_tokens=True)
+        adv = group_advantages(torch.tensor(_length_reward(texts)), a.G).to(dev)
+        roll = Rollout(
+            problems=[],
+            prompts=[],
+            texts=texts,
+            input_ids=torch.cat([p_ids, ids], 1),
+            attention_mask=torch.cat([p_mask, mask.long()], 1),
+            loss_mask=mask.long(),
+        )
         t2 = time.perf_counter()
-        logits = completion_logits(model, torch.cat([p_ids, ids], 1),
-                                   torch.cat([p_mask.bool(), mask], 1), ids.shape[1])  # fmt: skip
-        logps = token_logprobs(logits, ids)
-        parts = grpo_loss(logps, logps.detach(), adv, mask, agg="token_mean")
-        parts.loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        del logits, logps, parts
+        if dev == "cuda":
+            peak_gen = max(peak_gen, torch.cuda.max_memory_allocated() / 2**30)
+            torch.cuda.reset_peak_memory_stats()
+        train_on_batch(cfg, model, opt, roll, adv, Dist(), "bf16")
         _sync()
         t3 = time.perf_counter()
-        rows.append({"step": step, "s": t3 - t0, "generate_s": t1 - t0, "reward_s": t2 - t1,
-                     "train_s": t3 - t2, "tokens": int(mask.sum())})  # fmt: skip
+        if dev == "cuda":
+            peak_train = max(peak_train, torch.cuda.max_memory_allocated() / 2**30)
+        rows.append(
+            {
+                "step": step,
+                "s": t3 - t0,
+                "generate_s": t1 - t0,
+                "reward_s": t2 - t1,
+                "train_s": t3 - t2,
+                "tokens": int(mask.sum()),
+            }
+        )
+        print("step", rows[-1], flush=True)
     steady = rows[WARMUP:]
     tot = sum(r["s"] for r in steady)
-    res["steps"] = [{k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()}
-                    for r in rows]  # fmt: skip
+    res["steps"] = [
+        {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows
+    ]
     res["s_per_step"] = round(tot / len(steady), 4)
     res["s_per_step_median"] = round(sorted(r["s"] for r in steady)[len(steady) // 2], 4)
     for k in ("generate_s", "reward_s", "train_s"):
         res[k + "_per_step"] = round(sum(r[k] for r in steady) / len(steady), 4)
     res["completion_tokens_per_s"] = round(sum(r["tokens"] for r in steady) / tot, 1)
     if dev == "cuda":
-        res["max_allocated_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    del model, opt, sampler
+        res["peak_GiB_generate"] = round(peak_gen, 2)
+        res["peak_GiB_train"] = round(peak_train, 2)
+        res["max_allocated_GiB"] = round(max(peak_gen, peak_train), 2)
     return res
 
 
-def phase_trl(a: ModuleType, tok: Any) -> dict[str, Any]:
-    res: dict[str, Any] = a.phase_trl(tok, a.NSEQ, 1, "A")
+def phase_trl(a: ModuleType, tok: Any, batch: int) -> dict[str, Any]:
+    """TRL's GRPOTrainer; per-device batch ``batch`` (0: the whole batch) with gradient
+    accumulation over the rest."""
+    bs = batch or a.NSEQ
+    res: dict[str, Any] = a.phase_trl(tok, bs, a.NSEQ // bs, "A" if bs == a.NSEQ else "B")
     res.pop("logs", None)
     steady = sorted(res.get("step_times_s", [])[WARMUP:])
     if steady:
@@ -275,25 +366,67 @@ def phase_trl(a: ModuleType, tok: Any) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--anchor", type=Path,
-                   default=REPO / ".carry" / "trainer" / "trl_grpo_anchor.py")  # fmt: skip
+    p.add_argument(
+        "--anchor", type=Path, default=REPO / ".carry" / "trainer" / "trl_grpo_anchor.py"
+    )
     p.add_argument("--steps", type=int, default=16)
     p.add_argument("--phases", default="check,hf,ours,trl")
     p.add_argument(
-        "--compile",
+        "--micro-batch",
+        type=int,
+        default=0,
+        help="sequences per forward/backward in the GRPO step (0: the whole batch)",
+    )
+    p.add_argument(
+        "--logprob-chunk",
+        type=int,
+        default=1024,
+        help="logprob_chunk_tokens (0: the full [tokens, vocab] logits at once)",
+    )
+    p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument(
+        "--trl-batch",
+        type=int,
+        default=0,
+        help="TRL per-device train batch (0: the whole batch, no accumulation)",
+    )
+    p.add_argument(
+        "--no-compile-sampler",
+        dest="compile_sampler",
+        action="store_false",
+        help="GRPO steps with the graphed sampler only (default: compiled on GPU)",
+    )
+    p.add_argument(
+        "--free-sampler-cache",
         action="store_true",
-        help="time the GRPO steps with the compiled sampler (Sampler(compile=True))",
+        help="free the sampler's KV cache before each training step",
+    )
+    p.add_argument(
+        "--sampler-modes",
+        default=None,
+        help="samplers timed alone: eager,graphs,compiled (default: all on GPU, "
+        "eager on CPU; '' for none)",
     )
     args = p.parse_args(argv)
+    if args.sampler_modes is None:
+        args.sampler_modes = "eager,graphs,compiled" if torch.cuda.is_available() else "eager"
     if not args.anchor.exists():
         args.anchor = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
     os.environ.setdefault("ANCHOR_STEPS", str(args.steps))
     a = _load_anchor(args.anchor)
     dev = a.DEV
     out_dir = Path(a.OUT)
-    res: dict[str, Any] = {"versions": a.versions(), "setting": {
-        "prompts": a.N_PROMPTS, "G": a.G, "max_new_tokens": a.MAX_NEW, "vocab": a.VOCAB,
-        "steps_timed": args.steps, "warmup_steps": WARMUP}}  # fmt: skip
+    res: dict[str, Any] = {
+        "versions": a.versions(),
+        "setting": {
+            "prompts": a.N_PROMPTS,
+            "G": a.G,
+            "max_new_tokens": a.MAX_NEW,
+            "vocab": a.VOCAB,
+            "steps_timed": args.steps,
+            "warmup_steps": WARMUP,
+        },
+    }
 
     def dump() -> None:
         (out_dir / "trainer_speed.json").write_text(json.dumps(res, indent=1, default=str))
@@ -313,9 +446,9 @@ def main(argv: list[str] | None = None) -> None:
             elif ph == "hf":
                 res["hf_generate"] = phase_hf(a, tok, dev)
             elif ph == "ours":
-                res["ours"] = phase_ours(a, tok, dev, args.steps, args.compile)
+                res["ours"] = phase_ours(a, tok, dev, args.steps, args)
             elif ph == "trl":
-                res["trl"] = phase_trl(a, tok)
+                res["trl"] = phase_trl(a, tok, args.trl_batch)
         except Exception as e:
             import traceback
 
@@ -343,20 +476,28 @@ def _table(res: dict[str, Any]) -> None:
 
     row("TRL 1.16 GRPOTrainer step", trl.get("s_per_step_steady"), base)
     row("TRL: its generate share", trl.get("generate_s_per_step_steady"), None)
-    row(f"ours: GRPO step ({ours.get('steps_sampler')} sampler + loss + AdamW)",
+    row(
+        f"ours: GRPO step ({ours.get('steps_sampler')} sampler + loss + AdamW)",
         ours.get("s_per_step"),
-        ours.get("completion_tokens_per_s"))  # fmt: skip
+        ours.get("completion_tokens_per_s"),
+    )
     for k in ("generate_s", "reward_s", "train_s"):
         row(f"ours: {k} share", ours.get(k + "_per_step"), None)
-    row("plain HF generate (64 x 128)", hf.get("s"), hf.get("tokens_per_s"))
+    shape = (
+        f"{res['setting']['prompts'] * res['setting']['G']} x {res['setting']['max_new_tokens']}"
+    )
+    row(f"plain HF generate ({shape})", hf.get("s"), hf.get("tokens_per_s"))
     lines.append(
         f"| medians: TRL {trl.get('s_per_step_median')} s/step, "
         f"ours {ours.get('s_per_step_median')} s/step | | | |"
     )
-    for k in ("sampler_eager", "sampler_graphs", "sampler_graphs_compiled"):
+    for k in ("sampler_eager", "sampler_graphs", "sampler_compiled"):
         r = ours.get(k, {})
         name = k.removeprefix("sampler_").replace("_", " + ")
-        row(f"our sampler, {name} (64 x 128)", r.get("s"), r.get("tokens_per_s"))
+        row(f"our sampler, {name} ({shape})", r.get("s"), r.get("tokens_per_s"))
+    for k in ("peak_GiB_generate", "peak_GiB_train"):
+        lines.append(f"| ours: {k} | {ours.get(k)} | | |")
+    lines.append(f"| TRL: peak memory | {trl.get('mem_peak')} | | |")
     print("\n".join(lines))
     if "check" in res:
         print("check:", json.dumps(res["check"]))

@@ -112,7 +112,34 @@ class TrainerConfig:
         "auto: bf16-mixed on GPU, fp32 on CPU; bf16-mixed: fp32 weights + bf16 autocast; "
         "bf16: bf16 weights (fastest, loses tiny updates).",
     )
-    gradient_checkpointing: bool = _f(False, "Recompute activations in backward to save memory.")
+    gradient_checkpointing: bool = _f(
+        False,
+        "Recompute each decoder layer's activations in backward instead of keeping them "
+        "(less memory, about one more forward of compute); generation keeps its KV cache.",
+    )
+    logprob_chunk_tokens: int = _f(
+        1024,
+        "Tokens per chunk of the output head when computing log-probs: the [tokens, vocab] "
+        "fp32 logits are never held whole, only chunk x vocab (recomputed in backward); "
+        "0 = the whole micro-batch's logits at once.",
+    )
+    fsdp: bool = _f(
+        False,
+        "Shard parameters, gradients and optimizer state over the torchrun ranks with FSDP2 "
+        "(for models whose full fine-tune does not fit one GPU); false = DDP replicas. "
+        "Checkpoints are then sharded (torch.distributed.checkpoint).",
+    )
+    compile_sampler: bool = _f(
+        True,
+        "torch.compile the sampler's decode step before CUDA-graph capture (GPU only; the CPU "
+        "samples eagerly); compiles once per batch/length shape. false = graphs only.",
+    )
+    sampler_keep_cache: bool = _f(
+        True,
+        "Keep the sampler's KV cache (rows x (longest prompt + max_new_tokens), per layer) and "
+        "CUDA graphs between rollouts; false frees them before each training step (less "
+        "memory, one graph capture per rollout).",
+    )
     cpu_threads: int = _f(
         0, "torch intra-op threads on CPU (0 = torch's default); 1 is fastest for tiny models."
     )
@@ -195,6 +222,8 @@ class TrainerConfig:
             bad(f"precision={self.precision!r}: use auto, fp32, bf16-mixed or bf16.")
         if len(self.adam_betas) != 2:
             bad(f"adam_betas={self.adam_betas}: give two numbers, e.g. [0.9, 0.99].")
+        if self.logprob_chunk_tokens < 0:
+            bad(f"logprob_chunk_tokens={self.logprob_chunk_tokens}: use >= 1 (e.g. 1024), or 0.")
         if self.keep_checkpoints < 1:
             bad(f"keep_checkpoints={self.keep_checkpoints}: keep at least 1 (resume needs one).")
         if self.reward_concurrency < 1 or self.reward_retries < 0:

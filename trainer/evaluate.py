@@ -12,6 +12,7 @@ import torch
 
 from arbiter.proto.gateway import ScoreGroup
 from arbiter.trainer.env import rollout_batch
+from arbiter.trainer.parallel import gathered
 
 if TYPE_CHECKING:
     from arbiter.trainer.run import Run
@@ -24,8 +25,10 @@ def evaluate(run: Run) -> dict[str, float]:
     spec, params = run.eval_sampling()
     texts: list[str] = []
     chunk = max(1, cfg.rollouts_per_step)
-    for s in range(0, len(mine), chunk):
-        texts.extend(rollout_batch(run.sampler, tokenizer, mine[s : s + chunk], spec, params).texts)
+    with gathered(run.policy):  # every rank enters once, however many problems it has
+        for s in range(0, len(mine), chunk):
+            batch = mine[s : s + chunk]
+            texts.extend(rollout_batch(run.sampler, tokenizer, batch, spec, params).texts)
     sums: dict[str, list[float]] = {}
     if mine:
         groups = [

@@ -86,6 +86,12 @@ class Sampler:
     host checks for "every row has emitted EOS". ``compile``: torch.compile the decode step
     before capturing it (fewer, fused kernels; compilation costs time once per bucket);
     None = on for CUDA models, off on the CPU (where the sampler runs eagerly).
+    ``keep_cache``: keep each bucket's KV cache and graph for the next call of the same
+    shape; False frees them when the call returns (the memory goes back to training).
+
+    The KV cache is sized from the batch actually sampled: its rows, and its longest prompt
+    plus ``max_new_tokens`` rounded up to 64 slots. A graph is captured again whenever the
+    weights' storage moved (FSDP2 gathers a sharded model into fresh memory per rollout).
     """
 
     def __init__(
@@ -95,9 +101,11 @@ class Sampler:
         use_cuda_graphs: bool | None = None,
         check_every: int = 8,
         compile: bool | None = None,
+        keep_cache: bool = True,
     ) -> None:
         self.model = model
         self.check_every = check_every
+        self.keep_cache = keep_cache
         self.fast_reason = decoder.unsupported_reason(model)
         self.fast = self.fast_reason is None
         if not self.fast:
@@ -199,6 +207,17 @@ class Sampler:
         bk.slot += 1
         bk.step += 1
 
+    def _capture_or_uncompile(self, bk: _Bucket) -> None:
+        """Capture the decode step; if compiling it fails, capture the eager step instead."""
+        try:
+            self._capture(bk)
+        except Exception as e:
+            if not self.compiled:
+                raise
+            log.warning("sampler: torch.compile failed (%s); capturing the eager step", e)
+            self.compiled, self._decode_forward = False, self._forward
+            self._capture(bk)
+
     def _capture(self, bk: _Bucket) -> None:
         saved = [x.clone() for x in (bk.valid, bk.tokens, bk.pos, bk.slot, bk.step, bk.done)]
         stream = torch.cuda.Stream(device=self.device)
@@ -246,8 +265,11 @@ class Sampler:
         c = -(-(p + n) // _CAPACITY_ROUND) * _CAPACITY_ROUND
         temperature, top_p = float(params.temperature), float(params.top_p)
         bk = self._bucket(b, c, n, temperature, top_p)
-        if self.use_graphs and bk.graph is None:
-            self._capture(bk)
+        if self.use_graphs:
+            weights = tuple(p.data_ptr() for p in self.model.parameters())
+            if bk.graph is None or bk.extra.get("weights") != weights:
+                self._capture_or_uncompile(bk)
+                bk.extra["weights"] = weights
         bk.extra["eos_t"].fill_(eos)
         bk.extra["pad_t"].fill_(pad)
 
@@ -280,10 +302,17 @@ class Sampler:
             else:
                 self._decode_step(bk)
         ids = bk.out.clone()
+        if not self.keep_cache:
+            self.release()
         cmask = completion_mask_from_ids(ids, eos)
         ids = ids.masked_fill(~cmask, pad)
         width = max(int(cmask.sum(-1).max().item()), 1)
         return ids[:, :width].contiguous(), cmask[:, :width].contiguous()
+
+    def release(self) -> None:
+        """Free every cached KV cache and graph (the next call allocates and captures anew)."""
+        self._buckets.clear()
+        self._pool = None
 
     # ------------------------------------------------------------------ fallback
     def _plain(

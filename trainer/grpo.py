@@ -1,4 +1,6 @@
-"""GRPO maths: group advantages, per-token log-probs, the clipped surrogate with k3 KL.
+"""GRPO maths: group advantages, the clipped surrogate with k3 KL, the optimizer.
+
+Per-token log-probs come from ``trainer.logprobs``.
 
 Shapes: ``S`` sequences (= groups x G), ``N`` completion tokens. ``loss_mask`` (S, N) is 1
 on tokens the policy produced (action tokens) and 0 on padding and on environment
@@ -11,7 +13,6 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 
 def group_advantages(
@@ -46,44 +47,6 @@ def group_std_is_zero(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     hi = torch.where(valid, r, torch.full_like(r, -math.inf)).amax(dim=1)
     lo = torch.where(valid, r, torch.full_like(r, math.inf)).amin(dim=1)
     return (hi - lo <= 1e-12) | (valid.sum(dim=1) < 2)
-
-
-def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log softmax(logits)[targets]: (S, N, V), (S, N) -> (S, N), in fp32."""
-    logits = logits.float()
-    return torch.gather(logits, -1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(
-        logits, dim=-1
-    )
-
-
-@torch.no_grad()
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """(S, N, V) -> (S, N) entropy of the sampling distribution (temperature 1).
-
-    One sequence at a time, so the fp32 temporaries stay at N x V (large vocabularies)."""
-    out = []
-    for row in logits:
-        logp = F.log_softmax(row.float(), dim=-1)
-        out.append(-(logp.exp() * logp).sum(-1))
-    return torch.stack(out)
-
-
-def completion_logits(
-    model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, n_completion: int
-) -> torch.Tensor:
-    """Logits that predict the last ``n_completion`` tokens: (S, N, V).
-
-    Position ids follow the attention mask (left padding), as generation used them.
-    """
-    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-    out = model(
-        input_ids=input_ids,
-        attention_mask=attention_mask.long(),
-        position_ids=position_ids,
-        logits_to_keep=n_completion + 1,
-        use_cache=False,
-    )
-    return out.logits[:, :-1]
 
 
 @dataclass

@@ -34,6 +34,7 @@ from arbiter.trainer.env import rollout_batch
 from arbiter.trainer.evaluate import evaluate
 from arbiter.trainer.grpo import group_advantages
 from arbiter.trainer.metrics import plot_curves, reduce_record, step_metrics
+from arbiter.trainer.parallel import gathered
 from arbiter.trainer.rewards import BatchRewards, RewardsUnavailable
 from arbiter.trainer.rollout import Rollout, sequence_logprobs
 from arbiter.trainer.run import Run, build_run
@@ -144,7 +145,8 @@ def produce(run: Run, step: int) -> Pending:
         per_rank=cfg.prompts_per_step,
     )
     batch = [run.problems[i] for i in idx]
-    roll = rollout_batch(run.sampler, run.tokenizer, batch, run.spec, run.sampling_for(step))
+    with gathered(run.policy):  # FSDP2: the whole model on every rank for the rollout
+        roll = rollout_batch(run.sampler, run.tokenizer, batch, run.spec, run.sampling_for(step))
     gen_s = time.perf_counter() - t0
     groups = [
         ScoreGroup(
@@ -157,10 +159,11 @@ def produce(run: Run, step: int) -> Pending:
     ]
     future = run.rewards.submit(cfg.recipe, groups)
     t1 = time.perf_counter()
+    mbs, chunk = cfg.micro_batch_size, cfg.logprob_chunk_tokens
     if cfg.mu > 1 or cfg.pipeline:  # else the ratio is exactly 1: reuse detached log-probs
-        roll.old_logps = sequence_logprobs(run.policy, roll, cfg.micro_batch_size, run.precision)
+        roll.old_logps = sequence_logprobs(run.policy, roll, mbs, run.precision, chunk)
     if run.ref is not None:
-        roll.ref_logps = sequence_logprobs(run.ref, roll, cfg.micro_batch_size, run.precision)
+        roll.ref_logps = sequence_logprobs(run.ref, roll, mbs, run.precision, chunk)
     return Pending(roll, future, gen_s, time.perf_counter() - t1)
 
 

@@ -20,7 +20,7 @@ import torch
 
 from arbiter.trainer.data import Problem, chat_messages, render_prompt
 from arbiter.trainer.generation import Sampler
-from arbiter.trainer.grpo import completion_logits, token_logprobs
+from arbiter.trainer.logprobs import completion_logprobs
 from arbiter.trainer.sampling import SamplingParams
 
 
@@ -152,7 +152,7 @@ def collate(
 
 @torch.no_grad()
 def sequence_logprobs(
-    model: Any, rollout: Rollout, micro_batch_size: int, precision: str
+    model: Any, rollout: Rollout, micro_batch_size: int, precision: str, chunk_tokens: int = 1024
 ) -> torch.Tensor:
     """Per-token log-probs of the completion tokens under ``model``: (S, N), fp32."""
     was_training = model.training
@@ -164,8 +164,8 @@ def sequence_logprobs(
             ids = rollout.input_ids[s : s + micro_batch_size]
             attn = rollout.attention_mask[s : s + micro_batch_size]
             with autocast(ids.device, precision):
-                logits = completion_logits(model, ids, attn, N)
-            out.append(token_logprobs(logits, ids[:, -N:]))
+                logps, _ = completion_logprobs(model, ids, attn, N, chunk_tokens=chunk_tokens)
+            out.append(logps)
     finally:
         model.train(was_training)
     return torch.cat(out, dim=0)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from arbiter.trainer import checkpoint
+from arbiter.trainer import checkpoint, parallel
 from arbiter.trainer.config import TrainerConfig
 from arbiter.trainer.data import Problem, load_problems
 from arbiter.trainer.generation import Sampler
@@ -49,7 +49,7 @@ class Run:
     run_dir: Path
     tokenizer: Any
     policy: Any  # the trained model
-    model: Any  # what the training forward calls: the policy, or its DDP wrapper
+    model: Any  # what the training forward calls: the policy (FSDP2-sharded or not) or DDP
     ref: Any | None  # the frozen reference (beta > 0)
     sampler: Sampler
     opt: torch.optim.Optimizer
@@ -113,23 +113,31 @@ def build_run(cfg: TrainerConfig) -> Run:
         )
     torch.manual_seed(cfg.seed + dist.rank)
 
-    # models: the policy (from the latest checkpoint when resuming) and the frozen reference
+    # models: the policy (from the latest checkpoint when resuming), the frozen reference
     resume_from = checkpoint.latest(run_dir) if cfg.resume else None
     if cfg.resume and resume_from is None:
         log.warning("resume=true but %s holds no complete checkpoint: starting at step 0", run_dir)
+    if resume_from is not None:
+        checkpoint.check_layout(resume_from, sharded=cfg.fsdp)
     tokenizer = load_tokenizer(cfg.model)
+    # FSDP2 shards from the CPU copy and moves each rank's shard to its GPU
+    load_on = torch.device("cpu") if cfg.fsdp else device
+    weights = resume_from if resume_from is not None and not cfg.fsdp else cfg.model
     policy = load_model(
-        resume_from or cfg.model,
-        device,
+        weights,
+        load_on,
         precision,
         trainable=True,
         gradient_checkpointing=cfg.gradient_checkpointing,
     )
-    ref = load_model(cfg.model, device, precision, trainable=False) if cfg.beta > 0 else None
-    model: Any = policy
-    if dist.enabled:
-        ids = [device.index] if device.type == "cuda" else None
-        model = torch.nn.parallel.DistributedDataParallel(policy, device_ids=ids)
+    model = parallel.wrap(
+        policy, fsdp=cfg.fsdp, world=dist.world, device=device, precision=precision
+    )
+    ref = None
+    if cfg.beta > 0:
+        ref = load_model(cfg.model, load_on, precision, trainable=False)
+        if cfg.fsdp:
+            parallel.shard(ref, dist.world, device, precision)
     opt, sched = build_optimizer(
         policy,
         lr=cfg.lr,
@@ -139,12 +147,14 @@ def build_run(cfg: TrainerConfig) -> Run:
     )
     start_step, fingerprint = 0, ""
     if resume_from is not None:
-        state = checkpoint.load_state(resume_from, dist.rank)
-        opt.load_state_dict(state["optimizer"])
+        state = checkpoint.load(resume_from, policy, opt, dist.rank)
         sched.load_state_dict(state["scheduler"])
         checkpoint.restore_rng(state)
         start_step, fingerprint = int(state["step"]), state.get("recipe_fingerprint", "")
         log.info("resumed from %s at step %d", resume_from, start_step)
+    sampler = Sampler(
+        policy, compile=None if cfg.compile_sampler else False, keep_cache=cfg.sampler_keep_cache
+    )
 
     # data, rewards, logging, sampling
     problems = load_problems(f"{cfg.data_dir}/{cfg.train_file}", cfg.max_train_problems)
@@ -189,7 +199,7 @@ def build_run(cfg: TrainerConfig) -> Run:
         policy=policy,
         model=model,
         ref=ref,
-        sampler=Sampler(policy),
+        sampler=sampler,
         opt=opt,
         sched=sched,
         problems=problems,

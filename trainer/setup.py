@@ -98,16 +98,21 @@ def load_model(
     if trainable:
         model.train()
         if gradient_checkpointing:
-            kwargs = {"use_reentrant": False}
-            if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
-                model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-            else:
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-            # (the training forward passes use_cache=False; generation keeps its KV cache)
+            enable_gradient_checkpointing(model)
     else:
         model.eval()
         model.requires_grad_(False)
     return model
+
+
+def enable_gradient_checkpointing(model: Any) -> None:
+    """Recompute each decoder layer in backward (non-reentrant). Only the training forward
+    is affected: it passes use_cache=False anyway, and the sampler keeps its own KV cache."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def load_tokenizer(path: str | Path) -> Any:

@@ -38,7 +38,7 @@ def test_resume_restores_rng_so_the_next_sample_is_the_same(
     sampler = Sampler(model)
     first, _ = sampler(prompt["input_ids"], prompt["attention_mask"], params)
     torch.rand(1000)  # the run goes on and moves the RNG
-    state = checkpoint.load_state(checkpoint.latest(tmp_path) or path, rank=0)
+    state = checkpoint.load(checkpoint.latest(tmp_path) or path, model, opt, rank=0)
     checkpoint.restore_rng(state)
     again, _ = sampler(prompt["input_ids"], prompt["attention_mask"], params)
     assert torch.equal(first, again)

@@ -36,6 +36,10 @@ REPO = Path(__file__).resolve().parents[2]
         ),
         (["loss_agg=sum"], "use token_mean or seq_mean"),
         (["beta=-1"], "must be >= 0"),
+        # a chunk of log-probs holds at least one token (0 = no chunking)
+        (["logprob_chunk_tokens=-1"], "use >= 1 (e.g. 1024), or 0"),
+        # booleans are booleans
+        (["fsdp=maybe"], "fsdp='maybe': expected true or false"),
         # override syntax
         (["steps"], "write key=value"),
     ],
@@ -63,7 +67,9 @@ def test_yaml_then_overrides(tmp_path: Path) -> None:
     assert TrainerConfig.load(tmp_path / "saved.yaml") == cfg
 
 
-@pytest.mark.parametrize("name", ["tiny-cpu.yaml", "qwen2.5-1.5b-gsm8k.yaml"])
+@pytest.mark.parametrize(
+    "name", ["tiny-cpu.yaml", "qwen2.5-1.5b-gsm8k.yaml", "qwen2.5-7b-gsm8k-fsdp.yaml"]
+)
 def test_example_configs_load(name: str) -> None:
     cfg = TrainerConfig.load(REPO / "configs" / name)
     assert cfg.rollouts_per_step % cfg.group_size == 0

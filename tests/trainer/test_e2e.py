@@ -218,47 +218,44 @@ def test_null_rewards_get_zero_advantage(gateway_url: str) -> None:
     assert adv[:2].tolist() == [0.0, 0.0] and adv[2] > 0 > adv[3]
 
 
+@pytest.mark.parametrize(
+    "fsdp",
+    [
+        False,  # DDP: a replica per rank, rank 0 saves the HF weights
+        True,  # FSDP2: sharded weights and optimizer, sharded checkpoints, then a resume
+    ],
+)
 def test_torchrun_two_processes(
-    tiny_model: Path, gsm8k_dir: Path, gateway_url: str, tmp_path: Path
+    tiny_model: Path, gsm8k_dir: Path, gateway_url: str, tmp_path: Path, fsdp: bool
 ) -> None:
-    """DDP on the CPU (gloo): two ranks, each its own prompts, rank 0 logs and saves."""
+    """Two CPU ranks (gloo), each its own prompts; rank 0 logs."""
     run = tmp_path / "run"
-    port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        "2",
-        "--master_port",
-        str(port),
-        "-m",
-        "arbiter.trainer",
-        f"model={tiny_model}",
-        f"data_dir={gsm8k_dir}",
-        "max_train_problems=64",
-        f"run_dir={run}",
-        f"gateway_url={gateway_url}",
-        "steps=2",
-        "rollouts_per_step=4",
-        "group_size=2",
-        "micro_batch_size=2",
-        "max_new_tokens=8",
-        "max_prompt_tokens=160",
-        "beta=0.04",
-        "cpu_threads=1",
-        "progress=false",
-        "plot=false",
-        "device=cpu",
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    def torchrun(*overrides: str) -> None:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+            "--master_port", str(free_port()), "-m", "arbiter.trainer",
+            f"model={tiny_model}", f"data_dir={gsm8k_dir}", "max_train_problems=64",
+            f"run_dir={run}", f"gateway_url={gateway_url}", "rollouts_per_step=4",
+            "group_size=2", "micro_batch_size=2", "max_new_tokens=8", "max_prompt_tokens=160",
+            "beta=0.04", "cpu_threads=1", "progress=false", "plot=false", "device=cpu",
+            f"fsdp={str(fsdp).lower()}", *overrides,
+        ]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+
+    torchrun("steps=2", "save_every=1")
     steps = _records(run, "train")
     assert [r["step"] for r in steps] == [1, 2]  # one line per step, from rank 0 only
     # token counts are summed over the two ranks: 2 x 4 completions of <= 8 tokens
     assert 4 * 2 < steps[0]["tokens/action"] <= 2 * 4 * 8
-    assert (run / "checkpoints" / "step-000002" / "done").exists()
+    ckpt = run / "checkpoints" / "step-000002"
+    assert (ckpt / "done").exists() and {"rng-0.pt", "rng-1.pt"} <= {p.name for p in ckpt.iterdir()}
+    assert (ckpt / "sharded").is_dir() == fsdp and (ckpt / "model.safetensors").exists() != fsdp
+    if fsdp:
+        torchrun("steps=3", "resume=true")
+        assert [r["step"] for r in _records(run, "train")] == [1, 2, 3]
 
 
 def test_unknown_recipe_stops_the_run(

@@ -198,3 +198,35 @@ def test_sampling_params_refuse_bad_values(kw: dict[str, Any], field: str) -> No
     settings: dict[str, Any] = {"max_new_tokens": 4, "eos_token_id": 1, "pad_token_id": 0, **kw}
     with pytest.raises(ValueError, match=field):
         SamplingParams(**settings)
+
+
+def test_gradient_checkpointing_keeps_generation_and_its_cache(tmp_path: Path) -> None:
+    """A policy with gradient checkpointing on, in train mode (as in the loop), samples the
+    same greedy tokens on both paths (the fast one's static KV cache, HF generate's cache)."""
+    from arbiter.trainer.setup import enable_gradient_checkpointing, load_model, load_tokenizer
+
+    path = build(tmp_path / "m", None)
+    tok = load_tokenizer(path)
+    tok.padding_side = "left"
+    ids, mask = _enc(tok, PROMPTS)
+    params = SamplingParams(10, -1, tok.pad_token_id, temperature=0.0)
+    plain_model = load_model(path, torch.device("cpu"), "fp32", trainable=True)
+    ref, _ = Sampler(plain_model)(ids, mask, params)
+    model = load_model(path, torch.device("cpu"), "fp32", trainable=True)
+    enable_gradient_checkpointing(model)
+    assert model.training and model.is_gradient_checkpointing
+    fallback = Sampler(model)
+    fallback.fast = False
+    assert torch.equal(Sampler(model)(ids, mask, params)[0], ref)
+    assert torch.equal(fallback(ids, mask, params)[0], ref)
+    assert model.training  # the fallback path puts train mode back
+
+
+def test_cache_can_be_freed_between_calls(tiny: tuple[Any, Any]) -> None:
+    model, tok = tiny
+    ids, mask = _enc(tok, PROMPTS)
+    params = SamplingParams(6, -1, tok.pad_token_id, temperature=0.0)
+    kept, freed = Sampler(model), Sampler(model, keep_cache=False)
+    for _ in range(2):  # the second call reallocates what the first freed
+        assert torch.equal(kept(ids, mask, params)[0], freed(ids, mask, params)[0])
+        assert len(kept._buckets) == 1 and len(freed._buckets) == 0

@@ -12,7 +12,8 @@ from arbiter.trainer.config import TrainerConfig
 from arbiter.trainer.data import Problem
 from arbiter.trainer.env import Step, multi_turn
 from arbiter.trainer.generation import Sampler
-from arbiter.trainer.grpo import build_optimizer, completion_logits, grpo_loss, token_logprobs
+from arbiter.trainer.grpo import build_optimizer, grpo_loss
+from arbiter.trainer.logprobs import completion_logits, token_logprobs
 from arbiter.trainer.rollout import RolloutSpec, sequence_logprobs, single_turn
 from arbiter.trainer.sampling import SamplingParams
 from arbiter.trainer.setup import Dist, load_model, load_tokenizer
@@ -43,8 +44,10 @@ def _params(tok: object, max_new_tokens: int = 8) -> SamplingParams:
         {},
         # KL to a reference, seq-mean, two inner passes with micro-batches
         {"beta": 0.1, "loss_agg": "seq_mean", "mu": 2, "micro_batch_size": 4},
-        # activations recomputed in backward
-        {"gradient_checkpointing": True, "micro_batch_size": 4},
+        # activations recomputed in backward, log-probs 3 tokens at a time
+        {"gradient_checkpointing": True, "micro_batch_size": 4, "logprob_chunk_tokens": 3},
+        # the whole logits tensor at once (the plain way)
+        {"logprob_chunk_tokens": 0},
     ],
 )
 def test_one_step_changes_every_parameter(tiny_model: Path, overrides: dict[str, object]) -> None:
@@ -66,12 +69,13 @@ def test_one_step_changes_every_parameter(tiny_model: Path, overrides: dict[str,
     roll = single_turn(Sampler(policy), tok, PROBLEMS, SPEC, _params(tok))
     if cfg.beta > 0:
         ref = load_model(tiny_model, torch.device("cpu"), "fp32", trainable=False)
-        roll.ref_logps = sequence_logprobs(ref, roll, 4, "fp32")
-        roll.old_logps = sequence_logprobs(policy, roll, 4, "fp32")
+        roll.ref_logps = sequence_logprobs(ref, roll, 4, "fp32", cfg.logprob_chunk_tokens)
+        roll.old_logps = sequence_logprobs(policy, roll, 4, "fp32", cfg.logprob_chunk_tokens)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     opt, _ = build_optimizer(policy, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, -1.0, 1.0, 0.0, 0.0])
     stats = train_on_batch(cfg, policy, opt, roll, adv, Dist(), "fp32")
+    assert stats["entropy"] > 0
     assert stats["grad_norm"] > 0
     unchanged = [
         n for n, p in policy.named_parameters() if p.requires_grad and torch.equal(p, before[n])
