@@ -40,6 +40,10 @@ def test_up_once_scores_samples_and_stops_everything(tmp_path: Path, gsm8k_dir: 
     assert "math_accuracy=1.000" in done.stdout and "format=1.000" in done.stdout
     assert "Arbiter is up" in done.stdout
     assert not any(_listening(p) for p in ports), "a child process outlived `arbiter up`"
+    # each service ran as `arbiter serve NAME`: its log lines carry its name
+    for name in ("verify", "embedding", "gateway"):
+        log = (tmp_path / "logs" / f"{name}.log").read_text()
+        assert f"Z {name} INFO uvicorn.error: Application startup complete." in log, log
 
 
 def test_up_stops_every_child_on_sigterm(tmp_path: Path, gsm8k_dir: Path) -> None:
