@@ -21,7 +21,7 @@ import json
 import re
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request
 from prometheus_client import Counter
 from pydantic import JsonValue
 
@@ -35,6 +35,7 @@ from arbiter.proto.compat import (
     SlimeResponse,
 )
 from arbiter.proto.errors import RETRYABLE_KINDS, ErrorResponse
+from arbiter.services.common.responses import JSONBody
 from arbiter.services.gateway.collector import GroupCollector, GroupKey, SampleScore
 from arbiter.services.gateway.settings import GatewaySettings, get_settings
 
@@ -275,8 +276,7 @@ async def openrlhf(
     body: OpenRLHFRequest,
     collector: CollectorDep,
     opts: OptionsDep,
-    response: Response,
-) -> OpenRLHFResponse:
+) -> JSONBody:
     labels = body.labels or [None] * len(body.query)
     samples = [
         (prompt, as_reference(label), strip_markers(split_query(q, prompt, f"query.{i}")))
@@ -287,8 +287,8 @@ async def openrlhf(
     rewards = [f[0] for f in filled]
     logs: dict[str, list[float]] = {name: [f[1][name] for f in filled] for name in filled[0][1]}
     logs["masked"] = [f[2] for f in filled]
-    response.headers.update(_headers(scores))
-    return OpenRLHFResponse(rewards=rewards, scores=rewards, extra_logs=logs)
+    body_out = OpenRLHFResponse(rewards=rewards, scores=rewards, extra_logs=logs)
+    return JSONBody(body_out, headers=_headers(scores))
 
 
 @router.post(
@@ -301,14 +301,13 @@ async def slime(
     body: SlimeRequest,
     collector: CollectorDep,
     opts: OptionsDep,
-    response: Response,
-) -> SlimeResponse:
+) -> JSONBody:
     prompt = last_user_text(body.prompt)
     sample = (prompt, as_reference(body.label), strip_markers(body.response))
     scores = await _score("slime", collector, recipe, [sample], opts)
     reward, comps, masked = _fill(scores[0], opts.null_reward)
-    response.headers.update(_headers(scores))
-    return SlimeResponse.model_validate({**comps, "reward": reward, "masked": masked})
+    out = SlimeResponse.model_validate({**comps, "reward": reward, "masked": masked})
+    return JSONBody(out, headers=_headers(scores))
 
 
 REFERENCE_FIELDS = ("expected_answer", "reference", "label", "answer", "ground_truth")
@@ -359,9 +358,8 @@ async def nemo_gym_verify(
     body: NemoGymVerifyRequest,
     collector: CollectorDep,
     opts: OptionsDep,
-    response: Response,
     reference_field: Annotated[str | None, _REFERENCE_FIELD] = None,
-) -> NemoGymVerifyResponse:
+) -> JSONBody:
     sample = nemo_gym_texts(body, reference_field)
     scores = await _score("nemo-gym", collector, recipe, [sample], opts)
     score = scores[0]
@@ -375,8 +373,7 @@ async def nemo_gym_verify(
             f"{e['component']}: {e['kind']} ({e['message']})" for e in score.errors
         )[:2000]
     reward = score.reward if score.reward is not None else (opts.null_reward or 0.0)
-    response.headers.update(_headers(scores))
-    return NemoGymVerifyResponse.model_validate(
+    out = NemoGymVerifyResponse.model_validate(
         {
             **body.model_dump(),
             **comps,  # top level too: NeMo Gym's aggregate metrics read top-level numbers
@@ -387,3 +384,4 @@ async def nemo_gym_verify(
             "failure_reason": failure_reason,
         }
     )
+    return JSONBody(out, headers=_headers(scores))
