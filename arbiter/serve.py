@@ -66,6 +66,9 @@ def serve(name: str, host: str | None = None, port: int | None = None, workers: 
         sys.stderr.write(f"arbiter serve {name}: invalid settings\n" + "\n".join(problems) + "\n")
         return 2
     # The app factory reads the same (cached) settings; host and port are uvicorn's alone.
+    # uvicorn's other defaults stay: loop/http "auto" (uvloop and httptools, which the
+    # `service` extra installs) and the 5 s keep-alive that the gateway's and the judge's
+    # HTTP clients stay under (they close idle connections first).
     uvicorn.run(
         f"arbiter.services.{name}.app:create_app",
         factory=True,
