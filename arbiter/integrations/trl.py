@@ -30,7 +30,6 @@ reward into an Arbiter recipe) where that matters. A warning says so once per pr
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import logging
@@ -313,7 +312,6 @@ class AsyncArbiterReward(ArbiterReward):
         if out is None:
             out = await self.client.ascore(plan.body["groups"], plan.body["recipe"])
             _memo_put(plan.key, out)
-        await asyncio.sleep(0)
         return self.values(plan, out, kwargs)
 
 
