@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from arbiter.proto.gateway import ScoreGroup
+from arbiter.trainer.config import TrainerConfig
 from arbiter.trainer.data import batch_indices
 from arbiter.trainer.env import rollout_batch
 from arbiter.trainer.evaluate import evaluate
@@ -43,8 +44,8 @@ from arbiter.trainer.update import train_on_batch
 log = logging.getLogger("trainer")
 
 
-def train(cfg: Any) -> dict[str, Any]:
-    """Run GRPO as ``cfg`` (a ``TrainerConfig``) says; returns the last step's metrics."""
+def train(cfg: TrainerConfig) -> dict[str, Any]:
+    """Run GRPO as ``cfg`` says; returns the last step's (rank-averaged) metrics."""
     run = build_run(cfg)
     with contextlib.closing(run):  # rewards thread and progress bar closed however it ends
         summary = _loop(run)

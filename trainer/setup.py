@@ -20,7 +20,6 @@ log = logging.getLogger("trainer")
 class Dist:
     rank: int = 0
     world: int = 1
-    local_rank: int = 0
 
     @property
     def main(self) -> bool:
@@ -64,7 +63,7 @@ def init_distributed(device_pref: str, cpu_threads: int = 0) -> tuple[Dist, torc
         torch_dist.init_process_group(
             backend="nccl" if cuda else "gloo", device_id=device if cuda else None
         )
-    return Dist(rank=rank, world=world, local_rank=local), device
+    return Dist(rank=rank, world=world), device
 
 
 def resolve_precision(precision: str, device: torch.device) -> str:

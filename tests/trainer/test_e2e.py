@@ -245,8 +245,10 @@ def test_torchrun_two_processes(
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
 
-    torchrun("steps=2", "save_every=1")
+    torchrun("steps=2", "save_every=1", "eval_every=2", "eval_problems=3")
     steps = _records(run, "train")
+    # evaluation shards 3 problems over 2 ranks (2 + 1) and sums the counts
+    assert [(r["step"], r["eval/problems"]) for r in _records(run, "eval")] == [(0, 3), (2, 3)]
     assert [r["step"] for r in steps] == [1, 2]  # one line per step, from rank 0 only
     # token counts are summed over the two ranks: 2 x 4 completions of <= 8 tokens
     assert 4 * 2 < steps[0]["tokens/action"] <= 2 * 4 * 8
