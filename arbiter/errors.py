@@ -104,6 +104,12 @@ class PayloadTooLarge(InvalidRequest):
     type = "payload_too_large"
 
 
+class UnsupportedMediaType(InvalidRequest):
+    """415: the body is not JSON (send ``Content-Type: application/json``)."""
+
+    status = 415
+
+
 class NotFound(InvalidRequest):
     """404: no such route, recipe or model."""
 

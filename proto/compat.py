@@ -25,7 +25,8 @@ from typing import Any
 from pydantic import ConfigDict, Field, JsonValue, model_validator
 
 from arbiter.proto.common import ArbiterModel
-from arbiter.proto.components import MAX_RESPONSES, MAX_TEXT_CHARS
+from arbiter.proto.components import MAX_RESPONSES, MAX_TEXT_CHARS, Text
+from arbiter.proto.limits import check_json_depth
 
 # Generous: a query is the prompt and the response together, both already bounded.
 MAX_QUERY_CHARS = 2 * MAX_TEXT_CHARS
@@ -39,12 +40,14 @@ class OpenRLHFRequest(ArbiterModel):
         max_length=MAX_RESPONSES,
         description="Prompt and response decoded together, special tokens kept.",
     )
-    prompts: list[str] = Field(min_length=1, max_length=MAX_RESPONSES)
+    prompts: list[Text] = Field(min_length=1, max_length=MAX_RESPONSES)
     labels: list[JsonValue] = Field(
         default_factory=list,
         max_length=MAX_RESPONSES,
         description="The reference of each sample (the dataset's label column); may be empty.",
     )
+
+    _depth = model_validator(mode="before")(check_json_depth)
 
     @model_validator(mode="after")
     def _lengths(self) -> OpenRLHFRequest:
@@ -78,6 +81,8 @@ class SlimeRequest(ArbiterModel):
     response: str = Field(max_length=MAX_TEXT_CHARS)
     label: JsonValue = Field(default=None, description="The reference, if any.")
 
+    _depth = model_validator(mode="before")(check_json_depth)
+
 
 class SlimeResponse(ArbiterModel):
     """A flat dict: read the total with ``--reward-key reward``."""
@@ -101,6 +106,8 @@ class NemoGymVerifyRequest(ArbiterModel):
     response: dict[str, Any] = Field(
         description="The Responses-API response: its output_text parts are the response."
     )
+
+    _depth = model_validator(mode="before")(check_json_depth)
 
 
 class NemoGymVerifyResponse(ArbiterModel):

@@ -8,16 +8,17 @@ every component, so adding a component means adding a service, not a new protoco
 
 from __future__ import annotations
 
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from arbiter.proto.common import ArbiterModel
 from arbiter.proto.errors import ItemError
+from arbiter.proto.limits import MAX_GROUPS, MAX_RESPONSES, MAX_TEXT_CHARS, check_total_chars
 
-MAX_GROUPS = 1024
-MAX_RESPONSES = 256
-MAX_TEXT_CHARS = 100_000
+__all__ = ["MAX_GROUPS", "MAX_RESPONSES", "MAX_TEXT_CHARS"]  # re-exported: the contract's bounds
+
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 
 P = TypeVar("P", bound=ArbiterModel)
 
@@ -29,7 +30,7 @@ class ScoreGroup(ArbiterModel):
     id: str = Field(default="", max_length=256, description="Caller's id, echoed back.")
     prompt: str = Field(default="", max_length=MAX_TEXT_CHARS)
     reference: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
-    responses: list[str] = Field(min_length=1, max_length=MAX_RESPONSES)
+    responses: list[Text] = Field(min_length=1, max_length=MAX_RESPONSES)
 
 
 class NoParams(ArbiterModel):
@@ -39,6 +40,11 @@ class NoParams(ArbiterModel):
 class ComponentRequest(ArbiterModel, Generic[P]):
     groups: list[ScoreGroup] = Field(min_length=1, max_length=MAX_GROUPS)
     params: P
+
+    @model_validator(mode="after")
+    def _total_chars(self) -> ComponentRequest[P]:
+        check_total_chars(self.groups)
+        return self
 
 
 class ComponentGroupResult(ArbiterModel):

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from arbiter.proto.common import ArbiterModel
 from arbiter.proto.components import MAX_TEXT_CHARS, ComponentRequest, ComponentResponse
+from arbiter.proto.limits import check_texts_total
 
 # Hard cap of the wire model (OpenAI's own limit); the service's setting
 # EMBEDDING_MAX_INPUTS may lower it further.
@@ -61,6 +62,11 @@ class EmbeddingRequest(ArbiterModel):
         description="'base64': each vector is little-endian float32 bytes, base64-encoded.",
     )
     user: str | None = Field(default=None, max_length=256, description="Accepted, unused.")
+
+    @model_validator(mode="after")
+    def _total_chars(self) -> EmbeddingRequest:
+        check_texts_total(self.input, "input")
+        return self
 
 
 class EmbeddingData(ArbiterModel):

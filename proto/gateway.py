@@ -2,19 +2,30 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import AfterValidator, Field, model_validator
 
 from arbiter.proto.common import ArbiterModel
 from arbiter.proto.components import MAX_GROUPS, ScoreGroup
 from arbiter.proto.errors import ErrorKind
+from arbiter.proto.limits import MAX_WEIGHT, check_json_depth, check_total_chars
+
+# Free-form JSON (a component's params before the gateway checks them against the
+# component's own model), bounded in depth.
+JsonObject = Annotated[dict[str, Any], AfterValidator(check_json_depth)]
 
 
 class RecipeComponent(ArbiterModel):
     name: str = Field(description="Component name, e.g. 'math_accuracy'.")
-    weight: float = Field(default=1.0, allow_inf_nan=False)
-    params: dict[str, Any] = Field(default_factory=dict)
+    weight: float = Field(
+        default=1.0,
+        ge=-MAX_WEIGHT,
+        le=MAX_WEIGHT,
+        allow_inf_nan=False,
+        description="Finite and bounded, so a weighted sum of component scores is finite.",
+    )
+    params: JsonObject = Field(default_factory=dict)
 
 
 class Recipe(ArbiterModel):
@@ -29,6 +40,11 @@ class ScoreRequest(ArbiterModel):
         default="mask",
         description="mask: null + mask + error entry; fail: the whole request fails (503/504).",
     )
+
+    @model_validator(mode="after")
+    def _total_chars(self) -> ScoreRequest:
+        check_total_chars(self.groups)
+        return self
 
 
 class RecipeRef(ArbiterModel):

@@ -19,10 +19,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from arbiter.errors import ArbiterError, Unprocessable, from_status, to_envelope
+from arbiter.errors import ArbiterError, BadRequest, Unprocessable, from_status, to_envelope
 from arbiter.proto.common import Health, Readiness
 from arbiter.proto.errors import ErrorResponse
 from arbiter.services.common.disconnect import CancelOnDisconnect
+from arbiter.services.common.limits import LimitsMiddleware, unreadable_body
+from arbiter.services.common.settings import ServiceSettings
 
 log = logging.getLogger("arbiter")
 
@@ -41,6 +43,11 @@ NON_BLOCKING_PREFIXES = ("not configured", "degraded")
 def check_passes(value: str) -> bool:
     return value == "ok" or value.startswith(NON_BLOCKING_PREFIXES)
 
+
+# The error statuses every route documents, each with the one envelope as its body.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 413, 415, 422, 429, 500, 503, 504)
+}
 
 ReadyCheck = Callable[[FastAPI], Awaitable[dict[str, str]]]
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
@@ -66,6 +73,16 @@ def first_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
     return _loc_to_param(tuple(first.get("loc", ()))), f"{first.get('msg')}{more}"
 
 
+# pydantic's error type → the envelope's ``code`` (a limit that was hit says which);
+# any other type is a ``validation_error``.
+CODES = {
+    "string_too_long": "text_too_long",  # one text past MAX_TEXT_CHARS
+    "too_long": "list_too_long",  # a list past its bound: groups, responses, inputs
+    "too_many_chars": "too_many_chars",  # the request's texts past <PREFIX>_MAX_TOTAL_CHARS
+    "too_deep": "too_deep",  # free-form JSON (params) nested past MAX_JSON_DEPTH
+}
+
+
 def validation_response(
     exc: RequestValidationError, pick: ErrorPicker = first_error
 ) -> JSONResponse:
@@ -76,10 +93,23 @@ def validation_response(
     if errors[0].get("type") == "json_invalid":
         detail = (errors[0].get("ctx") or {}).get("error", "")
         message = f"the body is not valid JSON: {detail}".rstrip(": ")
-        return error_response(Unprocessable(message, code="invalid_json"))
+        return error_response(BadRequest(message, code="invalid_json"))
+    # A limit checked over the whole request names the field it crossed at in ctx.param.
+    errors = [_with_ctx_param(e) for e in errors]
     param, msg = pick(errors)
     message = f"{param}: {msg}" if param else msg
-    return error_response(Unprocessable(message, param=param or None, code="validation_error"))
+    # The code of the first error that hit a limit (a union's other branches report type
+    # errors first), else a plain validation error.
+    code = next((CODES[t] for e in errors if (t := str(e.get("type"))) in CODES), None)
+    code = code or "validation_error"
+    return error_response(Unprocessable(message, param=param or None, code=code))
+
+
+def _with_ctx_param(error: dict[str, Any]) -> dict[str, Any]:
+    where = (error.get("ctx") or {}).get("param")
+    if not isinstance(where, str):
+        return error
+    return {**error, "loc": (*error.get("loc", ()), *where.split("."))}
 
 
 async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
@@ -89,7 +119,15 @@ async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
 
 async def _http_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    return error_response(from_status(exc.status_code, str(exc.detail)))
+    if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+        return error_response(unreadable_body(exc.__cause__))  # FastAPI's: not UTF-8, too deep
+    err = from_status(exc.status_code, str(exc.detail))
+    err.code = HTTP_CODES.get(exc.status_code)
+    return error_response(err)
+
+
+# Starlette's own refusals (no route, wrong method), with a code like every other error.
+HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
 
 
 async def _error_handler(_: Request, exc: Exception) -> JSONResponse:
@@ -136,8 +174,10 @@ def create_service_app(
     lifespan: Lifespan,
     ready: ReadyCheck,
     description: str = "",
+    settings: ServiceSettings | None = None,
 ) -> FastAPI:
-    """Build a FastAPI app with Arbiter's common endpoints and error handling."""
+    """Build a FastAPI app with Arbiter's common endpoints and error handling; with
+    ``settings``, the service's limits are enforced before any work (``LimitsMiddleware``)."""
 
     async def readyz(request: Request) -> JSONResponse:
         try:
@@ -158,10 +198,7 @@ def create_service_app(
     app.add_exception_handler(ArbiterError, _error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
     app.add_exception_handler(Exception, _error_handler)
-    error_responses: dict[int | str, dict[str, Any]] = {
-        code: {"model": ErrorResponse} for code in (400, 413, 422, 429, 500, 503, 504)
-    }
-    app.include_router(router, responses=error_responses)
+    app.include_router(router, responses=ERROR_RESPONSES)
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["ops"])
     app.add_api_route(
         "/readyz",
@@ -172,5 +209,12 @@ def create_service_app(
     )
     app.add_api_route("/metrics", metrics, methods=["GET"], tags=["ops"], include_in_schema=False)
     app.add_middleware(CancelOnDisconnect, service=service)  # inside the timing: 499s timed
-    app.add_middleware(TimingMiddleware, service=service)
+    if settings is not None:
+        app.add_middleware(
+            LimitsMiddleware,
+            max_body_bytes=settings.max_body_bytes,
+            max_total_chars=settings.max_total_chars,
+            env_prefix=str(settings.model_config.get("env_prefix", "")),
+        )
+    app.add_middleware(TimingMiddleware, service=service)  # outermost: times refusals too
     return app

@@ -2,7 +2,8 @@
 
 ``ServiceSettings`` carries the policy every service shares (unknown variables ignored,
 settings frozen once read) and the fields ``arbiter serve`` reads: ``host``, ``port``,
-``log_level``, ``access_log``. Each service's class sets only its ``env_prefix`` and its
+``log_level``, ``access_log``, and the limits every service enforces before any work
+(``max_body_bytes``, ``max_total_chars``). Each service's class sets only its ``env_prefix`` and its
 own port default - the one place a service's port is written down.
 """
 
@@ -12,6 +13,8 @@ from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from arbiter.proto.limits import MAX_TOTAL_CHARS
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -32,4 +35,20 @@ class ServiceSettings(BaseSettings):
         default=False,
         description="One log line per HTTP request (uvicorn's access log, at info level); "
         "costs CPU at high request rates.",
+    )
+    # Limits checked before any work (services/common/limits.py). Keep each component
+    # service's at least the gateway's: the gateway forwards its callers' texts unchanged.
+    max_body_bytes: int = Field(
+        default=32 * 1024 * 1024,
+        ge=1024,
+        le=1024 * 1024 * 1024,
+        description="Largest request body in bytes, counted while it is read; past it: 413 "
+        "body_too_large.",
+    )
+    max_total_chars: int = Field(
+        default=MAX_TOTAL_CHARS,
+        ge=1,
+        le=1_000_000_000,
+        description="Most characters of all the texts (prompts, references, responses, "
+        "inputs) of one request; past it: 422 too_many_chars naming the text.",
     )

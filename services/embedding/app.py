@@ -49,4 +49,5 @@ def create_app(settings: EmbeddingSettings | None = None) -> FastAPI:
         router=router,
         lifespan=lifespan,
         ready=ready,
+        settings=settings,
     )

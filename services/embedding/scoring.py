@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from arbiter.errors import BadRequest, NotFound, RateLimited, Unavailable
+from arbiter.errors import NotFound, PayloadTooLarge, RateLimited, Unavailable
 from arbiter.proto.components import (
     ComponentGroupResult,
     ComponentResponse,
@@ -164,11 +164,11 @@ class EmbeddingHandler:
 
     def _check_size(self, n: int, param: str) -> None:
         if n > self.settings.max_inputs:
-            raise BadRequest(
+            raise PayloadTooLarge(
                 f"{param}: {n} texts in one request, more than EMBEDDING_MAX_INPUTS="
                 f"{self.settings.max_inputs}; split the request",
                 param=param,
-                code="too_many_inputs",
+                code="too_many_items",
             )
 
     # -- endpoints -------------------------------------------------------------------

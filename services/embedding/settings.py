@@ -73,7 +73,8 @@ class EmbeddingSettings(ServiceSettings):
         default=MAX_EMBEDDING_INPUTS,
         ge=1,
         le=MAX_EMBEDDING_INPUTS * 8,
-        description="Most texts in one request (all groups' responses together).",
+        description="Most texts in one request (all groups' responses together); "
+        "past it: 413 too_many_items.",
     )
     max_queued_texts: int = Field(
         default=65536, ge=1, description="Backlog past which requests get 429."

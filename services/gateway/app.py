@@ -68,6 +68,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         router=router,
         lifespan=lifespan,
         ready=ready,
+        settings=settings,
     )
     app.include_router(compat_router)  # /v1/compat/*: other frameworks' shapes
     app.add_exception_handler(RequestValidationError, _validation_handler)

@@ -1,14 +1,17 @@
 """Step 5: the ``ScoreResponse`` body from the filled plan.
 
 Rewards are the weighted sums, null when any weighted component of that response is null
-(a zero-weight component never nulls a reward). The body is built as plain dicts and lists
-and serialised with ``json``: it has the ``ScoreResponse`` shape (the route documents that
-model, ``tests/services/gateway`` parse bodies with it) without building one per request.
+(a zero-weight component never nulls a reward) or when the sum is not finite (an error
+entry with component ``reward`` says so): the body is always strict JSON. The body is
+built as plain dicts and lists and serialised with ``json``: it has the ``ScoreResponse``
+shape (the route documents that model, ``tests/services/gateway`` parse bodies with it)
+without building one per request.
 """
 
 from __future__ import annotations
 
 import json
+import math
 
 from prometheus_client import Counter
 
@@ -17,6 +20,8 @@ from arbiter.services.gateway.merge import Merged
 from arbiter.services.gateway.plan import ComponentScores
 from arbiter.services.gateway.recipes import ResolvedRecipe
 from arbiter.services.gateway.reward_metrics import SCORES
+
+REWARD = "reward"  # the error entry's component when the weighted sum itself failed
 
 COMPONENT_ERRORS = Counter(
     "arbiter_gateway_component_errors_total", "Null scores by component and kind.",
@@ -38,6 +43,7 @@ def render(
         n = len(group.responses)
         responses += n
         rewards: list[float | None] = []
+        errors = []
         for j in range(n):
             total: float | None = 0.0
             for c, w in weighted:
@@ -46,9 +52,14 @@ def render(
                     total = None
                     break
                 total += w * s  # type: ignore[operator]
+            if total is not None and not math.isfinite(total):
+                # Bounded weights times finite scores cannot overflow, but a component may
+                # answer a finite score far outside its range: null it, never send inf.
+                errors.append({"component": REWARD, "index": j, "kind": "bad_response",
+                               "message": f"the weighted sum is not finite ({total})"})  # fmt: skip
+                total = None
             rewards.append(total)
         SCORES.observe_rewards(recipe.ref.name, rewards)
-        errors = []
         info = {}
         for c in comps:
             SCORES.observe_component(c.name, c.scores[g])

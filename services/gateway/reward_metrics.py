@@ -23,8 +23,9 @@ from prometheus_client.registry import Collector
 
 # Components score in [0, 1]: tenths.
 COMPONENT_BUCKETS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-# Totals are weighted sums: a wider range.
-REWARD_BUCKETS = (-1.0, -0.5, 0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 3.0, 5.0)
+# Totals are weighted sums: a wider range. No negative bound: prometheus_client leaves out
+# _count and _sum of a histogram that has one (a negative total counts in le="0.0").
+REWARD_BUCKETS = (0.0, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 5.0)
 MAX_RECIPES = 100
 
 

@@ -39,4 +39,5 @@ def create_app(settings: JudgeSettings | None = None) -> FastAPI:
         router=router,
         lifespan=lifespan,
         ready=ready,
+        settings=settings,
     )

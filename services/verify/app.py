@@ -48,4 +48,5 @@ def create_app(settings: VerifySettings | None = None) -> FastAPI:
         router=router,
         lifespan=lifespan,
         ready=ready,
+        settings=settings,
     )

@@ -29,7 +29,7 @@ class VerifySettings(ServiceSettings):
         "(default: 80 % of deadline_s, at least 1).",
     )
     max_items: int = Field(
-        default=8192, ge=1, description="Most responses in one request (all groups); else 413."
+        default=8192, ge=1, description="Most responses in one request (all groups); past it: 413 too_many_items."
     )
     max_chunk: int = Field(
         default=32, ge=1, le=1024, description="Most items sent to a worker in one message."

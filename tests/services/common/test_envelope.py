@@ -9,7 +9,7 @@ from arbiter.proto.errors import ErrorResponse
 
 CASES = [
     # (method, path, body, status, type, code): a comment per case
-    ("POST", "/v1/math", b"{not json", 422, "invalid_request_error", "invalid_json"),  # bad JSON
+    ("POST", "/v1/math", b"{not json", 400, "invalid_request_error", "invalid_json"),  # bad JSON
     ("POST", "/v1/math", b"[]", 422, "invalid_request_error", "validation_error"),  # not an object
     ("GET", "/v1/nowhere", None, 404, "not_found", None),  # unknown route
     ("GET", "/v1/math", None, 405, "invalid_request_error", None),  # wrong method

@@ -191,8 +191,8 @@ BAD_REQUESTS = [
     # a response that is not a string
     ("/v1/diversity", {"groups": [{"responses": ["a", 7]}], "params": {}}, 422,
      "groups.0.responses.1"),
-    # more texts than EMBEDDING_MAX_INPUTS, across groups
-    ("/v1/diversity", {"groups": [{"responses": ["t"] * 40}] * 2, "params": {}}, 400, "groups"),
+    # more texts than EMBEDDING_MAX_INPUTS, across groups: 413 like verify's VERIFY_MAX_ITEMS
+    ("/v1/diversity", {"groups": [{"responses": ["t"] * 40}] * 2, "params": {}}, 413, "groups"),
     # unknown normalize mode
     ("/v1/diversity", {"groups": [OK_GROUP], "params": {"normalize": "softmax"}}, 422,
      "params.normalize"),
@@ -206,7 +206,7 @@ BAD_REQUESTS = [
     # an empty string (OpenAI refuses it too)
     ("/v1/embeddings", {"input": "", "model": MODEL}, 422, "input.0"),
     # more than EMBEDDING_MAX_INPUTS
-    ("/v1/embeddings", {"input": ["t"] * (MAX_INPUTS + 1), "model": MODEL}, 400, "input"),
+    ("/v1/embeddings", {"input": ["t"] * (MAX_INPUTS + 1), "model": MODEL}, 413, "input"),
     # more than the wire limit of 2048
     ("/v1/embeddings", {"input": ["t"] * 2049, "model": MODEL}, 422, "input"),
     # unknown encoding
@@ -228,5 +228,5 @@ def test_bad_input_gets_the_envelope(
     error = r.json()["error"]
     assert set(r.json()) == {"error"}
     assert error["param"] == param, error
-    assert error["type"] in ("invalid_request_error", "not_found")
+    assert error["type"] in ("invalid_request_error", "not_found", "payload_too_large")
     assert error["message"]

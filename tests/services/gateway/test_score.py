@@ -105,7 +105,7 @@ async def test_body_that_is_not_json(gateway_url: str) -> None:
     async with httpx.AsyncClient() as client:
         headers = {"content-type": "application/json"}
         r = await client.post(f"{gateway_url}/v1/score", content=b"{nope", headers=headers)
-    assert r.status_code == 422 and r.json()["error"]["code"] == "invalid_json"
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
 
 
 async def test_recipes_endpoint(gateway_url: str) -> None:

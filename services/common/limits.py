@@ -1,0 +1,197 @@
+"""Limits enforced before any work: a pure-ASGI middleware in front of every service.
+
+For a request with a body it
+
+1. refuses a ``Content-Type`` that is not JSON (415 ``unsupported_media_type``) without
+   reading the body;
+2. refuses a body whose ``Content-Length`` is over ``<PREFIX>_MAX_BODY_BYTES`` at once, and
+   counts the bytes of one sent in chunks, refusing it as soon as the count passes the
+   limit (413 ``body_too_large``): a 50 MB body is never held in memory;
+3. refuses a string holding a lone UTF-16 surrogate (422 ``invalid_unicode``, ``param``
+   naming the field): JSON can spell one (``"\\ud800"``), Python's parser accepts it, and
+   nothing downstream can encode it. Only a body that contains such an escape is parsed
+   here; every other body passes on untouched;
+4. puts the service's per-request bounds in force (``arbiter.proto.limits.REQUEST_LIMITS``)
+   for the request models to check while they validate.
+
+The body it read is handed to the app as one message; after that the app's ``receive``
+is the server's own, so a client's disconnect still reaches the route.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from email.message import Message as EmailMessage
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from arbiter.errors import (
+    ArbiterError,
+    BadRequest,
+    PayloadTooLarge,
+    Unprocessable,
+    UnsupportedMediaType,
+)
+from arbiter.proto.limits import REQUEST_LIMITS, RequestLimits
+
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+
+# A JSON escape of a UTF-16 surrogate (high or low); a valid pair decodes to one astral
+# character, so only a body with one of these can hold a lone surrogate.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def is_json_type(content_type: str) -> bool:
+    message = EmailMessage()
+    message["content-type"] = content_type
+    subtype = message.get_content_subtype()
+    return message.get_content_maintype() == "application" and (
+        subtype == "json" or subtype.endswith("+json")
+    )
+
+
+def _strings(value: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Every string of a parsed JSON value (keys too) with its dotted path; iterative."""
+    stack: list[tuple[tuple[str, ...], Any]] = [(path, value)]
+    while stack:
+        where, item = stack.pop()
+        if isinstance(item, str):
+            yield where, item
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                yield (*where, key), key
+                stack.append(((*where, key), child))
+        elif isinstance(item, list):
+            stack.extend(((*where, str(i)), child) for i, child in enumerate(item))
+
+
+def lone_surrogate(body: bytes) -> str | None:
+    """The dotted path of the first string holding a lone surrogate, or None."""
+    if not _SURROGATE_ESCAPE.search(body):
+        return None
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None  # not JSON: the app's parser answers that
+    for where, text in _strings(value):
+        if _SURROGATE.search(text):
+            return ".".join(where) or "body"
+    return None
+
+
+class LimitsMiddleware:
+    """See the module docstring. ``env_prefix`` names the settings in error messages."""
+
+    def __init__(
+        self, app: ASGIApp, *, max_body_bytes: int, max_total_chars: int, env_prefix: str
+    ) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+        self.limits = RequestLimits(max_total_chars=max_total_chars)
+        self.setting = f"{env_prefix}MAX_BODY_BYTES"
+
+    def _too_large(self, size: str) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"the body is {size} bytes, more than {self.max_body_bytes} ({self.setting}); "
+            "split the request",
+            code="body_too_large",
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        content_type = headers.get(b"content-type", b"").decode("latin-1")
+        if content_type and not is_json_type(content_type):
+            await _refuse(
+                scope,
+                send,
+                UnsupportedMediaType(
+                    f"Content-Type {content_type!r} is not JSON; send application/json",
+                    code="unsupported_media_type",
+                ),
+            )
+            return
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_body_bytes:
+            await _refuse(scope, send, self._too_large(length.decode()))
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client left while sending
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                await _refuse(scope, send, self._too_large(f"over {self.max_body_bytes}"))
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        del chunks
+        where = lone_surrogate(body)
+        if where is not None:
+            await _refuse(scope, send, invalid_unicode(where))
+            return
+        await self._run(scope, receive, send, body)
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
+        sent = False
+
+        async def replay() -> Message:
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: disconnects reach the route
+
+        token = REQUEST_LIMITS.set(self.limits)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            REQUEST_LIMITS.reset(token)
+
+
+def invalid_unicode(param: str) -> Unprocessable:
+    return Unprocessable(
+        f"{param}: the string holds a lone UTF-16 surrogate (e.g. \\ud800), which is not "
+        "valid Unicode",
+        param=param,
+        code="invalid_unicode",
+    )
+
+
+def unreadable_body(cause: BaseException | None) -> BadRequest:
+    """400 ``invalid_json`` for a body the JSON parser gave up on for a reason other than
+    its syntax: bytes that are not UTF-8, or nesting deeper than the parser's stack."""
+    if isinstance(cause, RecursionError):
+        reason = "it is nested too deeply to parse"
+    elif isinstance(cause, UnicodeDecodeError):
+        reason = f"it is not UTF-8 ({cause.reason} at byte {cause.start})"
+    else:
+        reason = f"{type(cause).__name__}: {cause}" if cause else "it could not be parsed"
+    return BadRequest(f"the body is not valid JSON: {reason}", code="invalid_json")
+
+
+async def _refuse(scope: Scope, send: Send, exc: ArbiterError) -> None:
+    """Answer ``exc`` in the one envelope without calling the app."""
+    body = exc.envelope().model_dump_json().encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": exc.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
