@@ -34,15 +34,13 @@ from arbiter.proto.compat import (
     SlimeRequest,
     SlimeResponse,
 )
-from arbiter.proto.errors import RETRYABLE_KINDS, ErrorResponse
+from arbiter.proto.errors import RETRYABLE_KINDS
+from arbiter.services.common.app import ERROR_RESPONSES
 from arbiter.services.common.responses import JSONBody
 from arbiter.services.gateway.collector import GroupCollector, GroupKey, SampleScore
 from arbiter.services.gateway.settings import GatewaySettings, get_settings
 
-router = APIRouter(
-    tags=["compat"],
-    responses={code: {"model": ErrorResponse} for code in (400, 413, 422, 429, 500, 503, 504)},
-)
+router = APIRouter(tags=["compat"], responses=ERROR_RESPONSES)
 
 COMPAT_REQUESTS = Counter(
     "arbiter_gateway_compat_requests_total",
