@@ -21,10 +21,20 @@ from typing import Any
 import httpx
 from prometheus_client import Counter, Histogram
 
-from arbiter.errors import ArbiterError, BadResponse, Timeout, Unavailable, from_response
+from arbiter.errors import (
+    ArbiterError,
+    BadResponse,
+    InvalidRequest,
+    Timeout,
+    Unavailable,
+    from_response,
+)
+from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.judge.settings import JudgeSettings
 
 log = logging.getLogger("arbiter.judge")
+# One line per component and kind per 10 s while the model server is down, with a count.
+FAILURES_LOG = ThrottledLog(log)
 
 UPSTREAM_SECONDS = Histogram(
     "arbiter_judge_upstream_seconds",
@@ -139,6 +149,8 @@ class ChatClient:
             return await self._chat(payload, component, timeout_s)
         except ArbiterError as exc:
             FAILURES.labels(component, exc.kind).inc()
+            if not isinstance(exc, InvalidRequest):  # the caller's own error: not a warning
+                FAILURES_LOG.warning((component, exc.kind), "judge call failed: %s", exc.message)
             raise
 
     async def _chat(

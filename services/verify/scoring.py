@@ -141,6 +141,7 @@ class Verifier:
                 f"{n_items} responses in one request; the limit is {self.settings.max_items} "
                 "(VERIFY_MAX_ITEMS): split the request",
                 param="groups",
+                code="too_many_items",
             )
         rel_tol = req.params.rel_tolerance
         fast = self.settings.fast_path
