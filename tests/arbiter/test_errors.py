@@ -4,6 +4,7 @@ and the client raising the shared classes on a real service's answers."""
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 
@@ -117,6 +118,7 @@ def test_item_results_carry_the_failure_kind() -> None:
     entry = failed.error(2)
     assert entry is not None and (entry.index, entry.kind) == (2, "judge_parse_error")
     assert ItemResult(1.0).error(0) is None
+    assert pickle.loads(pickle.dumps(failed)) == failed  # verify's workers send them by pipe
     assert item_error(0, Timeout("slow")).kind == "timeout"
 
 
