@@ -1,5 +1,6 @@
-"""``arbiter``: serve one service (``arbiter serve``), run the stack locally (``arbiter up``)
-and export the wire contract."""
+"""``arbiter``: serve one service (``arbiter serve``), run the stack locally (``arbiter up``),
+score a file (``arbiter score``), ask the gateway (``recipes``, ``health``) and export the
+wire contract."""
 
 from __future__ import annotations
 
@@ -28,9 +29,22 @@ def _cmd_up(args: argparse.Namespace) -> int:
     return up(args)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("arbiter")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown"
+
+
 def main(argv: list[str] | None = None) -> int:
+    from arbiter.score_cli import add_commands
+
     parser = argparse.ArgumentParser(prog="arbiter", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    add_commands(sub)  # score, recipes, health
 
     p_openapi = sub.add_parser("openapi", help="write proto/openapi/<service>.json")
     p_openapi.set_defaults(func=_cmd_openapi)
@@ -48,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
 
     p_up = sub.add_parser("up", help="start Redis and every service locally, score a sample")
     p_up.add_argument("--redis-port", type=int, default=6379)
+    p_up.add_argument(
+        "--host", default=None, help="the gateway's bind address (default: GATEWAY_HOST, "
+        "127.0.0.1; 0.0.0.0 to reach it from other machines); the rest stay on 127.0.0.1",
+    )  # fmt: skip
     for name in SERVICES:
         p_up.add_argument(f"--{name}-port", type=int, default=None, help="default: its setting")
     p_up.add_argument("--no-embedding", action="store_true", help="don't start the embedder")

@@ -38,6 +38,8 @@ def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
     procs = [redis_process(args.redis_port, log_path=logs / "redis.log")]
     env: dict[str, dict[str, str]] = {name: {} for name in SERVICES}
     env["gateway"]["REDIS_URL"] = f"redis://127.0.0.1:{args.redis_port}/0"
+    if getattr(args, "host", None):  # only the gateway is public; the rest stay on loopback
+        env["gateway"]["GATEWAY_HOST"] = args.host
     if args.judge_base_url:
         env["judge"]["JUDGE_BASE_URL"] = args.judge_base_url
     if args.judge_model:
@@ -127,7 +129,8 @@ def up(args: argparse.Namespace) -> int:
         print("Arbiter is up:")
         for proc in started:
             scheme = "redis" if proc.name == "redis" else "http"
-            where = f"{scheme}://127.0.0.1:{proc.port}"
+            host = args.host if proc.name == "gateway" and getattr(args, "host", None) else None
+            where = f"{scheme}://{host or '127.0.0.1'}:{proc.port}"
             print(f"  {proc.name:<10} {where}   log: {proc.log_path}")
         print(f"  API docs   {gateway}/docs\nCtrl-C stops everything.", flush=True)
         if not args.once:

@@ -1,0 +1,333 @@
+"""``arbiter score``, ``arbiter recipes``, ``arbiter health``: the gateway from a shell.
+
+    arbiter score --recipe gsm8k --input groups.jsonl --output scores.jsonl [--concurrency 4]
+
+Each input line is one group, ``{"id", "prompt", "reference", "responses": [...]}`` (a line
+without an ``id`` is named ``line-<n>``, n counting from 1). Groups go to the gateway in
+requests of ``--batch`` groups, at most ``--concurrency`` requests in flight, through the
+client (retries with backoff). Each scored group is appended to the output as it arrives,
+``{"id", "rewards", "components", "masked", "errors", "info", "recipe", "fingerprint"}``;
+a group whose request failed is written as ``{"id", "error": {"type", "message"}}``. Run
+again with the same output to resume: ids already scored there are skipped, failed ones
+are tried again. At the end a summary: mean per component, masked responses, errors by
+kind, cache hits. With ``rich`` installed (``pip install 'arbiter[cli]'``) a progress bar
+and tables; plain text without it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from pydantic import ValidationError
+
+from arbiter.client import ArbiterClient, RecipeArg, RetryPolicy
+from arbiter.errors import ArbiterError
+from arbiter.proto.gateway import ScoreGroup, ScoreResponse
+
+
+@dataclass
+class Summary:
+    """What the output file holds once this run is done (earlier runs' lines included)."""
+
+    groups: int = 0
+    resumed: int = 0  # scored by an earlier run, skipped now
+    responses: int = 0
+    masked: int = 0
+    failed: int = 0  # groups whose request failed (written with "error")
+    sums: Counter[str] = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
+    errors: Counter[str] = field(default_factory=Counter)  # item errors by kind
+    cache_hits: int = 0  # this run's requests only
+    cache_misses: int = 0
+
+    def add(self, line: dict[str, Any]) -> None:
+        if "error" in line:
+            self.failed += 1
+            self.errors[f"request: {line['error'].get('type', 'error')}"] += 1
+            return
+        self.groups += 1
+        self.responses += len(line["rewards"])
+        self.masked += sum(line["masked"])
+        series = {"reward": line["rewards"], **line["components"]}
+        for name, values in series.items():
+            present = [v for v in values if v is not None]
+            self.sums[name] += sum(present)
+            self.counts[name] += len(present)
+        for err in line.get("errors", []):
+            self.errors[err["kind"]] += 1
+
+    def rows(self) -> list[tuple[str, str]]:
+        rows = [("groups scored", f"{self.groups} ({self.resumed} from an earlier run)"),
+                ("responses", str(self.responses)),
+                ("masked responses", str(self.masked)),
+                ("failed groups", str(self.failed))]  # fmt: skip
+        for name in self.sums:
+            mean = self.sums[name] / self.counts[name] if self.counts[name] else None
+            shown = "—" if mean is None else f"{mean:.4f}"
+            rows.append((f"mean {name}", f"{shown} (n={self.counts[name]})"))
+        for kind, n in sorted(self.errors.items()):
+            rows.append((f"errors: {kind}", str(n)))
+        looked = self.cache_hits + self.cache_misses
+        ratio = f" ({self.cache_hits / looked:.0%})" if looked else ""
+        rows.append(("cache hits (this run)", f"{self.cache_hits}{ratio}"))
+        return rows
+
+
+def read_done(path: Path, summary: Summary) -> set[str]:
+    """Ids the output already holds scores for (failed lines are not done)."""
+    done: set[str] = set()
+    if not path.exists():
+        return done
+    with path.open() as f:
+        for line in f:
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a line cut short by an interrupted run: scored again
+            if "error" not in row and row.get("id") is not None:
+                done.add(str(row["id"]))
+                summary.add(row)
+                summary.resumed += 1
+    return done
+
+
+Item = tuple[str, dict[str, Any] | str]  # (id, group) or (id, why the line is bad)
+
+
+def read_input(path: Path, done: set[str]) -> Iterator[Item]:
+    with path.open() as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+                if not isinstance(raw, dict):
+                    raise ValueError("a line must be a JSON object (one group)")
+                gid = str(raw["id"]) if raw.get("id") not in (None, "") else f"line-{n}"
+            except ValueError as exc:
+                yield f"line-{n}", f"line {n}: {exc}"
+                continue
+            if gid in done:
+                continue
+            try:
+                group = ScoreGroup.model_validate({**raw, "id": gid}).model_dump(mode="json")
+            except ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(p) for p in first["loc"])
+                yield gid, f"line {n}: {where}: {first['msg']}"
+                continue
+            yield gid, group
+
+
+def batches(items: Iterator[Item], size: int) -> Iterator[list[Item]]:
+    batch: list[Item] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def count_lines(path: Path) -> int:
+    with path.open() as f:
+        return sum(1 for line in f if line.strip())
+
+
+def load_recipe(value: str) -> RecipeArg:
+    """A recipe name, or a JSON/YAML file with an inline recipe."""
+    path = Path(value)
+    if path.suffix in (".json", ".yaml", ".yml") and path.is_file():
+        import yaml
+
+        loaded: dict[str, Any] = yaml.safe_load(path.read_text())
+        return loaded
+    return value
+
+
+class Writer:
+    """Appends output lines as they come and keeps the summary up to date."""
+
+    def __init__(self, out: IO[str], summary: Summary) -> None:
+        self.out, self.summary = out, summary
+
+    def write(self, line: dict[str, Any]) -> None:
+        self.summary.add(line)
+        self.out.write(json.dumps(line, ensure_ascii=False) + "\n")
+        self.out.flush()  # an interrupted run loses nothing that was scored
+
+    def scored(self, out: ScoreResponse) -> None:
+        self.summary.cache_hits += out.usage.cache_hits
+        self.summary.cache_misses += out.usage.cache_misses
+        for g in out.groups:
+            line = g.model_dump(mode="json")
+            line.update(recipe=out.recipe.name, fingerprint=out.recipe.fingerprint)
+            self.write(line)
+
+    def failed(self, gid: str, kind: str, message: str) -> None:
+        self.write({"id": gid, "error": {"type": kind, "message": message}})
+
+
+def _client(args: argparse.Namespace) -> ArbiterClient:
+    retries = getattr(args, "retries", None)
+    retry = None if retries is None else RetryPolicy(attempts=retries + 1)
+    return ArbiterClient(args.url, api_key=args.api_key, retry=retry)
+
+
+async def score_file(
+    args: argparse.Namespace, writer: Writer, done: set[str], advance: Any
+) -> None:
+    recipe = load_recipe(args.recipe)
+    async with _client(args) as client:
+        if isinstance(recipe, str):
+            try:
+                names = [r.name for r in await client.arecipes()]
+            except ArbiterError as exc:
+                raise SystemExit(f"arbiter score: {exc.message}") from exc
+            if recipe not in names:
+                raise SystemExit(f"arbiter score: recipe {recipe!r} is not on the gateway "
+                                 f"({', '.join(names)})")  # fmt: skip
+        todo = batches(read_input(Path(args.input), done), args.batch)
+
+        async def worker() -> None:
+            for batch in todo:  # one shared iterator: each batch goes to one worker
+                good = [(gid, g) for gid, g in batch if isinstance(g, dict)]
+                for gid, why in batch:
+                    if isinstance(why, str):
+                        writer.failed(gid, "invalid_request_error", why)
+                if good:
+                    try:
+                        res = await client.ascore([g for _, g in good], recipe, args.on_error)
+                    except ArbiterError as exc:
+                        for gid, _ in good:
+                            writer.failed(gid, exc.type, exc.message)
+                    else:
+                        writer.scored(res)
+                advance(len(batch))
+
+        await asyncio.gather(*(worker() for _ in range(args.concurrency)))
+
+
+def _console(quiet: bool) -> Any:
+    """A rich console on stderr, or None (quiet, or the `cli` extra not installed)."""
+    if quiet:
+        return None
+    try:
+        from rich.console import Console
+    except ImportError:
+        return None
+    return Console(stderr=True)
+
+
+def _print_summary(summary: Summary, console: Any) -> None:
+    if console is None:
+        for key, value in summary.rows():
+            print(f"{key:<40} {value}", file=sys.stderr)
+        return
+    from rich.table import Table
+
+    table = Table(title="arbiter score")
+    table.add_column("")
+    table.add_column("value", justify="right")
+    for key, value in summary.rows():
+        table.add_row(key, value)
+    console.print(table)
+
+
+def cmd_score(args: argparse.Namespace) -> int:
+    if args.concurrency < 1 or args.batch < 1 or args.retries < 0:
+        raise SystemExit("arbiter score: --concurrency and --batch must be >= 1, --retries >= 0")
+    source, output = Path(args.input), Path(args.output)
+    if not source.is_file():
+        raise SystemExit(f"arbiter score: --input {args.input}: no such file")
+    summary = Summary()
+    done = read_done(output, summary)
+    total = count_lines(source) - len(done)
+    console = _console(args.quiet)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with output.open("a") as out:
+        if out.tell() and not output.read_bytes().endswith(b"\n"):
+            out.write("\n")  # the last run stopped mid-line: start a fresh one
+        writer = Writer(out, summary)
+        if console is None:
+            asyncio.run(score_file(args, writer, done, lambda n: None))
+        else:
+            from rich.progress import Progress
+
+            with Progress(console=console) as progress:
+                task = progress.add_task("scoring groups", total=max(total, 0))
+                advance = lambda n: progress.advance(task, n)  # noqa: E731
+                asyncio.run(score_file(args, writer, done, advance))
+    _print_summary(summary, console)
+    return 1 if summary.failed else 0
+
+
+def cmd_recipes(args: argparse.Namespace) -> int:
+    try:
+        with _client(args) as client:
+            recipes = client.recipes()
+    except ArbiterError as exc:
+        print(f"arbiter recipes: {exc.message}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([r.model_dump(mode="json") for r in recipes], indent=2))
+        return 0
+    for r in recipes:
+        parts = " + ".join(f"{c.weight:g}·{c.name}" for c in r.components)
+        print(f"{r.name:<20} {parts:<60} {r.fingerprint[:19]}…")
+    return 0
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    client = _client(args)
+    try:
+        health = client.health()
+    except ArbiterError as exc:
+        print(f"unreachable: {exc.message}", file=sys.stderr)
+        return 2
+    finally:
+        client.close()
+    print(f"{client.base_url}: {'ready' if health.ready else 'NOT READY'}")
+    for name, state in health.checks.items():
+        print(f"  {name:<12} {state}")
+    return 0 if health.ready else 1
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``score``, ``recipes`` and ``health`` to the ``arbiter`` parser's subcommands."""
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--url", default=None, help="gateway (default: $ARBITER_URL or :8000)")
+        p.add_argument("--api-key", default=None, help="default: $ARBITER_API_KEY")
+        p.add_argument("--retries", type=int, default=5, help="retries of a retryable failure")
+
+    p = sub.add_parser("score", help="score a JSONL file of groups (resumable)")
+    p.add_argument("--recipe", required=True, help="a recipe name, or a JSON/YAML inline one")
+    p.add_argument("--input", required=True, help="JSONL, one group per line")
+    p.add_argument("--output", required=True, help="JSONL; appended to, resumed from")
+    p.add_argument("--concurrency", type=int, default=4, help="requests in flight (4)")
+    p.add_argument("--batch", type=int, default=16, help="groups per request (16)")
+    p.add_argument("--on-error", choices=("mask", "fail"), default="mask")
+    p.add_argument("--quiet", action="store_true", help="no progress bar; plain summary")
+    common(p)
+    p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("recipes", help="list the gateway's named recipes")
+    p.add_argument("--json", action="store_true", help="as JSON")
+    common(p)
+    p.set_defaults(func=cmd_recipes)
+
+    p = sub.add_parser("health", help="is the gateway ready? (exit 0 ready, 1 not, 2 down)")
+    common(p)
+    p.set_defaults(func=cmd_health)

@@ -1,0 +1,168 @@
+"""``arbiter score`` / ``recipes`` / ``health`` / ``--version`` against the real gateway."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from arbiter.cli import main
+from arbiter.procs import free_port
+from arbiter.stack import _plan
+from tests.arbiter.integrations.conftest import score_requests
+
+GOOD = "<think>9 + 9 = 18</think><answer>18</answer>"
+BARE = "The answer is 18."
+
+
+def group(i: int, **extra: Any) -> dict[str, Any]:
+    wrong = f"<think>x</think><answer>{i}</answer>"
+    return {"id": f"g{i}", "prompt": f"{i}: 9+9?", "reference": "18",
+            "responses": [GOOD, BARE, wrong], **extra}  # fmt: skip
+
+
+def write(path: Path, rows: list[Any]) -> Path:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def score(url: str, src: Path, out: Path, *extra: str) -> int:
+    return main(["score", "--recipe", "gsm8k", "--input", str(src), "--output", str(out),
+                 "--url", url, "--quiet", *extra])  # fmt: skip
+
+
+def test_score_writes_every_group_and_a_summary(
+    gateway_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = write(tmp_path / "in.jsonl", [group(i) for i in range(5)])
+    out = tmp_path / "out.jsonl"
+    before = score_requests(gateway_url)
+    assert score(gateway_url, src, out, "--batch", "2", "--concurrency", "2") == 0
+    assert score_requests(gateway_url) - before == 3  # 5 groups in batches of 2
+    rows = {r["id"]: r for r in read(out)}
+    assert sorted(rows) == [f"g{i}" for i in range(5)]
+    assert rows["g1"]["components"]["math_accuracy"] == [1.0, 1.0, 0.0]
+    assert rows["g1"]["rewards"] == [1.5, 1.0, 0.5]
+    assert rows["g1"]["recipe"] == "gsm8k" and rows["g1"]["fingerprint"].startswith("sha256:")
+    summary = capsys.readouterr().err
+    assert "groups scored                            5 (0 from an earlier run)" in summary
+    # g18 is right in its third response: 6 of 15 math right
+    assert "mean math_accuracy                       0.6667 (n=15)" in summary
+
+
+def test_resume_skips_scored_ids_and_rescores_the_rest(
+    gateway_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = write(tmp_path / "in.jsonl", [group(i) for i in range(3)])
+    out = tmp_path / "out.jsonl"
+    assert score(gateway_url, src, out) == 0
+    # The input grows, and the last run was interrupted mid-line: that group is scored again.
+    write(src, [group(i) for i in range(5)])
+    with out.open("a") as f:
+        f.write('{"id": "g3", "rewa')
+    before = score_requests(gateway_url)
+    assert score(gateway_url, src, out, "--batch", "1") == 0
+    assert score_requests(gateway_url) - before == 2  # g3 and g4 only
+    ids = [r["id"] for r in read_valid(out)]
+    assert sorted(ids) == [f"g{i}" for i in range(5)] and len(ids) == 5
+    assert "5 (3 from an earlier run)" in capsys.readouterr().err
+
+
+def read_valid(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def test_bad_lines_are_recorded_named_and_retried_next_time(
+    gateway_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = write(tmp_path / "in.jsonl", [
+        group(0),
+        "not json",  # line 2: not JSON at all
+        {"prompt": "no responses"},  # line 3: a group must have responses
+        {"responses": [GOOD], "reference": "18"},  # line 4: no id, named after its line
+    ])  # fmt: skip
+    out = tmp_path / "out.jsonl"
+    assert score(gateway_url, src, out) == 1  # some groups failed
+    rows = {r["id"]: r for r in read(out)}
+    assert "error" not in rows["g0"] and "error" not in rows["line-4"]
+    assert rows["line-2"]["error"]["type"] == "invalid_request_error"
+    assert rows["line-3"]["error"]["message"].startswith("line 3: responses")
+    assert "errors: request: invalid_request_error   2" in capsys.readouterr().err
+    assert score(gateway_url, src, out) == 1  # the failed ones are tried again, and fail again
+    assert len(read(out)) == 6
+
+
+def test_unreachable_gateway_and_unknown_recipe_exit_with_a_message(
+    gateway_url: str, tmp_path: Path
+) -> None:
+    src = write(tmp_path / "in.jsonl", [group(0)])
+    with pytest.raises(SystemExit, match="not reached after 1 tries"):
+        score(f"http://127.0.0.1:{free_port()}", src, tmp_path / "o.jsonl", "--retries", "0")
+    with pytest.raises(SystemExit, match=r"recipe 'nope' is not on the gateway \(gsm8k, "):
+        main(["score", "--recipe", "nope", "--input", str(src), "--output",
+              str(tmp_path / "o.jsonl"), "--url", gateway_url])  # fmt: skip
+
+
+def test_inline_recipe_from_a_file_and_rich_output(
+    gateway_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = tmp_path / "format-only.yaml"
+    recipe.write_text("name: format-only\ncomponents:\n  - {name: format, weight: 2.0}\n")
+    src = write(tmp_path / "in.jsonl", [group(0)])
+    out = tmp_path / "out.jsonl"
+    argv = ["score", "--recipe", str(recipe), "--input", str(src), "--output", str(out),
+            "--url", gateway_url]  # fmt: skip
+    assert main(argv) == 0
+    (row,) = read(out)
+    assert row["recipe"] == "format-only" and row["rewards"] == [2.0, 0.0, 2.0]
+    err = capsys.readouterr().err
+    assert "scoring groups" in err and "┃" in err  # rich's progress bar and table
+
+
+def test_recipes_health_and_version(gateway_url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["recipes", "--url", gateway_url]) == 0
+    assert "1·math_accuracy + 0.5·format" in capsys.readouterr().out
+    assert main(["recipes", "--url", gateway_url, "--json"]) == 0
+    names = [r["name"] for r in json.loads(capsys.readouterr().out)]
+    assert "gsm8k" in names
+    assert main(["health", "--url", gateway_url]) == 0
+    assert f"{gateway_url}: ready" in capsys.readouterr().out
+    assert main(["health", "--url", f"http://127.0.0.1:{free_port()}"]) == 2
+    assert "unreachable" in capsys.readouterr().err
+    version = subprocess.run([sys.executable, "-m", "arbiter.cli", "--version"],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    assert version.stdout.strip() == "arbiter 0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("host", "gateway_host"),
+    [
+        (None, None),  # default: the gateway's own setting (127.0.0.1 unless GATEWAY_HOST)
+        ("0.0.0.0", "0.0.0.0"),  # reachable from other machines
+    ],
+)
+def test_up_host_binds_only_the_gateway(
+    tmp_path: Path, host: str | None, gateway_host: str | None
+) -> None:
+    args = argparse.Namespace(redis_port=free_port(), judge_base_url=None, judge_model=None,
+                              no_embedding=True, host=host, verify_port=free_port(),
+                              embedding_port=None, judge_port=None,
+                              gateway_port=free_port())  # fmt: skip
+    procs = {p.name: p for p in _plan(args, tmp_path)}
+    assert procs["gateway"].env.get("GATEWAY_HOST") == gateway_host
+    assert "VERIFY_HOST" not in procs["verify"].env  # internal services stay on loopback
