@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import sys
 import time
@@ -43,6 +42,15 @@ from typing import Any
 import torch
 
 from arbiter.trainer.sampling import SamplingParams
+from bench.trainer_phases import (
+    card_limits,
+    length_reward,
+    phase_check,
+    phase_hf,
+    prompts,
+    sync,
+    time_sampler,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 2
@@ -58,165 +66,6 @@ def _load_anchor(path: Path) -> ModuleType:
     return mod
 
 
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def _prompts(a: ModuleType, tok: Any, dev: str) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = a.prompts_messages(a.N_PROMPTS)
-    texts = [
-        tok.apply_chat_template(r["prompt"], tokenize=False, add_generation_prompt=True)
-        for r in rows
-    ]
-    texts = [t for t in texts for _ in range(a.G)]
-    enc = tok(
-        texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
-    ).to(dev)
-    return enc["input_ids"], enc["attention_mask"]
-
-
-def _length_reward(texts: list[str]) -> list[float]:
-    return [min(len(t), 400) / 400.0 for t in texts]  # the anchor's reward
-
-
-def _mean_nll(
-    model: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor
-) -> tuple[float, float]:
-    from arbiter.trainer.logprobs import completion_logits, token_logprobs
-
-    with torch.no_grad():
-        logits = completion_logits(
-            model, torch.cat([p_ids, ids], 1), torch.cat([p_mask.bool(), mask], 1), ids.shape[1]
-        )
-        nll = -token_logprobs(logits, ids)[mask]
-    return float(nll.mean()), float(nll.std() / math.sqrt(nll.numel()))
-
-
-def phase_check(a: ModuleType, tok: Any, dev: str) -> dict[str, Any]:
-    from arbiter.trainer.generation import Sampler
-
-    model = a.load_model().eval()
-    p_ids, p_mask = _prompts(a, tok, dev)
-    kw = dict(eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    graphed = Sampler(model, compile=False)
-    eager = Sampler(model, use_cuda_graphs=False, compile=False)
-    greedy = SamplingParams(64, temperature=0.0, **kw)
-    g_ids, _ = graphed(p_ids, p_mask, greedy)
-    e_ids, _ = eager(p_ids, p_mask, greedy)
-    res: dict[str, Any] = {"graph_equals_eager_greedy": bool(torch.equal(g_ids, e_ids))}
-    gen = torch.Generator(device=dev).manual_seed(0)
-    ours, ours_mask = graphed(p_ids, p_mask, SamplingParams(a.MAX_NEW, generator=gen, **kw))
-    with torch.no_grad():
-        out = model.generate(
-            input_ids=p_ids,
-            attention_mask=p_mask,
-            max_new_tokens=a.MAX_NEW,
-            do_sample=True,
-            temperature=1.0,
-            top_p=1.0,
-            top_k=0,
-            disable_compile=True,
-            **kw,
-        )
-    hf = out[:, p_ids.shape[1] :]
-    from arbiter.trainer.generation import completion_mask_from_ids
-
-    hf_mask = completion_mask_from_ids(hf, tok.eos_token_id)
-    res["nll_ours"] = _mean_nll(model, p_ids, p_mask, ours, ours_mask)
-    res |= _check_autocast(a, p_ids, p_mask, kw)
-    res["nll_hf_generate"] = _mean_nll(model, p_ids, p_mask, hf, hf_mask)
-    (m1, s1), (m2, s2) = res["nll_ours"], res["nll_hf_generate"]
-    res["nll_diff_in_stderr"] = round((m1 - m2) / math.sqrt(s1**2 + s2**2), 2)
-    del model
-    return res
-
-
-def _check_autocast(
-    a: ModuleType, p_ids: torch.Tensor, p_mask: torch.Tensor, kw: dict[str, Any]
-) -> dict[str, Any]:
-    """fp32 weights under bf16 autocast (the trainer's bf16-mixed): graphs replayed in a later
-    autocast context, after an in-place weight update, still equal the eager sampler."""
-    from arbiter.trainer.generation import Sampler
-
-    if not torch.cuda.is_available():
-        return {}
-    m32 = a.load_model().float().eval()
-    graphed = Sampler(m32, compile=False)
-    eager = Sampler(m32, use_cuda_graphs=False, compile=False)
-    greedy = SamplingParams(32, temperature=0.0, **kw)
-    out: dict[str, Any] = {}
-    for r in range(2):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            g, _ = graphed(p_ids, p_mask, greedy)
-            e, _ = eager(p_ids, p_mask, greedy)
-        out[f"autocast_graph_equals_eager_round{r}"] = bool(torch.equal(g, e))
-        with torch.no_grad():  # an optimizer-like in-place update between rollouts
-            for p in m32.parameters():
-                p.add_(torch.randn_like(p) * 0.02)
-    del m32
-    return out
-
-
-def phase_hf(a: ModuleType, tok: Any, dev: str) -> dict[str, Any]:
-    from transformers import GenerationConfig
-
-    model = a.load_model().eval()
-    p_ids, p_mask = _prompts(a, tok, dev)
-    cfg = GenerationConfig(
-        max_new_tokens=a.MAX_NEW,
-        min_new_tokens=a.MAX_NEW,
-        do_sample=True,
-        temperature=1.0,
-        top_p=1.0,
-        top_k=0,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        disable_compile=True,
-    )
-    times = []
-    with torch.no_grad():
-        for _ in range(3):
-            _sync()
-            t = time.perf_counter()
-            out = model.generate(input_ids=p_ids, attention_mask=p_mask, generation_config=cfg)
-            _sync()
-            times.append(time.perf_counter() - t)
-    n_tok = (out.shape[1] - p_ids.shape[1]) * out.shape[0]
-    best = min(times[1:])
-    del model
-    return {
-        "times_s": [round(x, 3) for x in times],
-        "s": round(best, 3),
-        "tokens": n_tok,
-        "tokens_per_s": round(n_tok / best, 1),
-    }
-
-
-def _time_sampler(
-    sampler: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, n: int, tok: Any, reps: int, dev: str
-) -> dict[str, Any]:
-    gen = torch.Generator(device=dev).manual_seed(1)
-    params = SamplingParams.for_tokenizer(tok, n, generator=gen)
-    times, toks = [], []
-    for _ in range(reps):
-        _sync()
-        t = time.perf_counter()
-        _, mask = sampler(p_ids, p_mask, params)
-        _sync()
-        times.append(time.perf_counter() - t)
-        toks.append(int(mask.sum()))
-    best = min(times[1:]) if reps > 1 else times[0]
-    i = times.index(best)
-    return {
-        "times_s": [round(x, 4) for x in times],
-        "s": round(best, 4),
-        "tokens": toks[i],
-        "tokens_per_s": round(toks[i] / best, 1),
-        "ms_per_decode_step": round(1000 * best / n, 3),
-    }
-
-
 def phase_ours(
     a: ModuleType, tok: Any, dev: str, steps: int, opts: argparse.Namespace
 ) -> dict[str, Any]:
@@ -227,7 +76,7 @@ def phase_ours(
 
     res: dict[str, Any] = {"options": vars(opts) | {"anchor": str(opts.anchor)}}
     model = a.load_model()
-    p_ids, p_mask = _prompts(a, tok, dev)
+    p_ids, p_mask = prompts(a, tok, dev)
     n = a.MAX_NEW
     modes = opts.sampler_modes.split(",") if opts.sampler_modes else []
     kinds = {
@@ -238,7 +87,7 @@ def phase_ours(
     for mode in modes:  # the sampler alone
         try:
             t = time.perf_counter()
-            timed = _time_sampler(Sampler(model, **kinds[mode]), p_ids, p_mask, n, tok, 3, dev)
+            timed = time_sampler(Sampler(model, **kinds[mode]), p_ids, p_mask, n, tok, 3, dev)
             timed["first_call_s"] = round(time.perf_counter() - t - 2 * timed["s"], 1)
             res[f"sampler_{mode}"] = timed
         except Exception as e:  # keep the rest of the phase
@@ -298,15 +147,15 @@ def _grpo_steps(
     rows = []
     peak_gen = peak_train = 0.0
     for step in range(steps + WARMUP):
-        _sync()
+        sync()
         t0 = time.perf_counter()
         if dev == "cuda":
             torch.cuda.reset_peak_memory_stats()
         ids, mask = sampler(p_ids, p_mask, params)
-        _sync()
+        sync()
         t1 = time.perf_counter()
         texts = tok.batch_decode(ids.masked_fill(~mask, tok.pad_token_id), skip_special_tokens=True)
-        adv = group_advantages(torch.tensor(_length_reward(texts)), a.G).to(dev)
+        adv = group_advantages(torch.tensor(length_reward(texts)), a.G).to(dev)
         roll = Rollout(
             problems=[],
             prompts=[],
@@ -320,7 +169,7 @@ def _grpo_steps(
             peak_gen = max(peak_gen, torch.cuda.max_memory_allocated() / 2**30)
             torch.cuda.reset_peak_memory_stats()
         train_on_batch(cfg, model, opt, roll, adv, Dist(), "bf16")
-        _sync()
+        sync()
         t3 = time.perf_counter()
         if dev == "cuda":
             peak_train = max(peak_train, torch.cuda.max_memory_allocated() / 2**30)
@@ -332,6 +181,8 @@ def _grpo_steps(
                 "reward_s": t2 - t1,
                 "train_s": t3 - t2,
                 "tokens": int(mask.sum()),
+                "decode_steps": int(ids.shape[1]),
+                "seq_tokens": int(roll.input_ids.numel()),
             }
         )
         print("step", rows[-1], flush=True)
@@ -349,6 +200,13 @@ def _grpo_steps(
         res["peak_GiB_generate"] = round(peak_gen, 2)
         res["peak_GiB_train"] = round(peak_train, 2)
         res["max_allocated_GiB"] = round(max(peak_gen, peak_train), 2)
+        res["limits"] = card_limits(
+            model,
+            steady,
+            prompt_len=p_ids.shape[1],
+            rows=p_ids.shape[0],
+            card=torch.cuda.get_device_name(),
+        )
     return res
 
 
