@@ -15,7 +15,12 @@ those groups again (all hits, Redis), one group of 8 per request, and 8 groups p
 The client is a minimal HTTP/1.1 keep-alive client on asyncio streams, so that on a
 2-core machine the load generator takes as little CPU from the gateway as possible.
 
+``--baseline DIR`` also starts the gateways of another checkout (e.g. ``git worktree add
+/tmp/before HEAD~3``) as ``before+redis`` / ``before no-cache`` and times them in the same
+interleaved rounds, so a change to the gateway is compared on the same machine and load.
+
     .venv/bin/python -m bench.gateway [--verify-url URL] [--requests 300] [--seconds 5]
+        [--baseline DIR] [--json PATH]
 
 ``run(...)`` returns the numbers as a dict.
 """
@@ -39,7 +44,14 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from arbiter.procs import ManagedProcess, free_port, redis_process, uvicorn_process, wait_port
+from arbiter.procs import (
+    ManagedProcess,
+    free_port,
+    redis_process,
+    service_process,
+    uvicorn_process,
+    wait_port,
+)
 from bench.verify import load_groups
 
 log = logging.getLogger("bench.gateway")
@@ -187,7 +199,7 @@ async def _throughput(
 
 @contextmanager
 def _stack(
-    verify_url: str | None, workdir: Path
+    verify_url: str | None, workdir: Path, baseline: Path | None = None
 ) -> Iterator[tuple[dict[str, str], dict[str, int]]]:
     with ExitStack() as stack:
 
@@ -199,24 +211,35 @@ def _stack(
 
         if verify_url is None:
             port = free_port()
-            start(uvicorn_process("verify", "arbiter.services.verify.app:create_app", port,
-                                  env={"VERIFY_WORKERS": "2"}, log_path=workdir / "verify.log",
-                                  ready_path="/readyz"))  # fmt: skip
+            verify = service_process(
+                "verify", port, env={"VERIFY_WORKERS": "2"}, log_path=workdir / "verify.log",
+                ready_path="/readyz",
+            )  # fmt: skip
+            start(verify)
             verify_url = f"http://127.0.0.1:{port}"
         rport = free_port()
         start(redis_process(rport, log_path=workdir / "redis.log"))
         wait_port(rport)
         urls = {"verify": verify_url}
         pids: dict[str, int] = {}
-        for name, env in {
+        variants = {
             "gateway+redis": {"REDIS_URL": f"redis://127.0.0.1:{rport}/0"},
             "gateway no-cache": {"GATEWAY_CACHE_ENABLED": "false"},
-        }.items():
+        }
+        trees: dict[str, Path | None] = dict.fromkeys(variants)
+        if baseline is not None:  # its own Redis database: no entry is shared
+            variants["before+redis"] = {"REDIS_URL": f"redis://127.0.0.1:{rport}/1"}
+            variants["before no-cache"] = variants["gateway no-cache"]
+            trees.update({"before+redis": baseline, "before no-cache": baseline})
+        for name, env in variants.items():
             port = free_port()
             env = {**env, "GATEWAY_VERIFY_URL": verify_url, "GATEWAY_LOG_LEVEL": "warning"}
             app = "arbiter.services.gateway.app:create_app"
-            proc = start(uvicorn_process(name, app, port, env=env,
-                                         log_path=workdir / f"{name}.log"))  # fmt: skip
+            proc = uvicorn_process(name, app, port, env=env, log_path=workdir / f"{name}.log")
+            tree = trees[name]
+            if tree is not None:  # uvicorn puts --app-dir first on sys.path: its `arbiter`
+                proc.argv += ["--app-dir", str(tree)]
+            start(proc)
             assert proc.proc is not None
             pids[name] = proc.proc.pid
             urls[name] = f"http://127.0.0.1:{port}"
@@ -229,11 +252,16 @@ def run(
     seconds: float = 5.0,
     clients: int = 16,
     n_groups: int = 64,
+    baseline: Path | None = None,
 ) -> dict[str, Any]:
-    """Start Redis + two gateways (and verify unless given); return every number."""
+    """Start Redis + two gateways (four with ``baseline``) and verify unless given; return
+    every number."""
     groups = load_groups(n_groups, seed=3)
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp, _stack(verify_url, Path(tmp)) as (urls, pids):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        _stack(verify_url, Path(tmp), baseline) as (urls, pids),
+    ):
         gateways = {k: v for k, v in urls.items() if k.startswith("gateway")}
         cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
         latency = asyncio.run(_latency(urls["verify"], gateways, groups, requests))
@@ -267,6 +295,7 @@ def run(
         "gateway_cpu_ms_per_request": gateway_cpu_ms,
         "cached_throughput": tput,
         "clients": clients,
+        "baseline": str(baseline) if baseline else None,
     }
 
 
@@ -305,9 +334,12 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="(c) duration per variant")
     parser.add_argument("--clients", type=int, default=16, help="(c) concurrent clients")
     parser.add_argument("--json", default=None, help="also write the numbers here")
+    parser.add_argument(
+        "--baseline", type=Path, default=None, help="another checkout's gateway, timed alongside"
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO)
-    result = run(args.verify_url, args.requests, args.seconds, args.clients)
+    result = run(args.verify_url, args.requests, args.seconds, args.clients, baseline=args.baseline)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
     print(table(result))

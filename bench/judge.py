@@ -98,7 +98,7 @@ async def direct(
     reply read into a score as a caller would (same parsing functions as the service).
 
     ``pool_size=None``: one ``httpx.AsyncClient`` (the obvious client). ``pool_size=8``:
-    connections split over clients of 8, as the judge does (``services.judge.client``).
+    connections split over clients of 8, as the judge did while it used httpx.
     """
     size = pool_size or conc
     n_pools = -(-conc // size)

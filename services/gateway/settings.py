@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -48,11 +48,6 @@ class GatewaySettings(ServiceSettings):
         "serve one component from its own deployment.",
     )
     connect_timeout_s: float = Field(default=2.0, gt=0, le=60, description="TCP connect timeout.")
-    http_transport: Literal["lean", "httpx"] = Field(
-        default="lean",
-        description="lean: the gateway's HTTP/1.1 keep-alive transport under httpx (http://); "
-        "httpx: httpx's default transport (httpcore).",
-    )
     max_concurrency: int = Field(
         default=64, ge=1, le=4096, description="In-flight calls per component service."
     )
