@@ -222,7 +222,7 @@ def test_null_rewards_get_zero_advantage(gateway_url: str) -> None:
     "fsdp",
     [
         False,  # DDP: a replica per rank, rank 0 saves the HF weights
-        True,  # FSDP2: sharded weights and optimizer, sharded checkpoints, then a resume
+        True,  # FSDP2 (+ gradient checkpointing): sharded weights, optimizer, checkpoints; resume
     ],
 )
 def test_torchrun_two_processes(
@@ -239,7 +239,8 @@ def test_torchrun_two_processes(
             f"run_dir={run}", f"gateway_url={gateway_url}", "rollouts_per_step=4",
             "group_size=2", "micro_batch_size=2", "max_new_tokens=8", "max_prompt_tokens=160",
             "beta=0.04", "cpu_threads=1", "progress=false", "plot=false", "device=cpu",
-            f"fsdp={str(fsdp).lower()}", *overrides,
+            f"fsdp={str(fsdp).lower()}", f"gradient_checkpointing={str(fsdp).lower()}",
+            *overrides,
         ]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
