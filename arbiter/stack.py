@@ -4,6 +4,11 @@ Starts redis-server (bound to 127.0.0.1), verify, embedding (unless ``--no-embed
 judge (when a judge server is given) and the gateway; waits until each is ready; scores
 a few GSM8K samples through the gateway and prints them; then keeps the stack running
 until Ctrl-C or SIGTERM, and stops every child process on the way out.
+
+While it runs, a child that exits is restarted with back-off and logged
+(``arbiter.supervise.Supervisor``); its children never outlive it, even when it is killed
+with SIGKILL (PDEATHSIG and a watchdog process, ``arbiter.supervise``). Redis is bounded
+as in compose: ``--maxmemory 1gb`` (``ARBITER_REDIS_MAXMEMORY``), ``allkeys-lru``.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import httpx
 
 from arbiter.procs import ManagedProcess, redis_process, service_process
 from arbiter.serve import SERVICES
+from arbiter.supervise import Supervisor, Watchdog
 
 log = logging.getLogger("arbiter.up")
 
@@ -114,6 +120,9 @@ def up(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    watchdog = Watchdog()  # ends every child's group if this process dies, even by SIGKILL
+    for proc in procs:
+        proc.watchdog = watchdog
     started: list[ManagedProcess] = []
     try:
         for proc in procs:
@@ -134,13 +143,12 @@ def up(args: argparse.Namespace) -> int:
             print(f"  {proc.name:<10} {where}   log: {proc.log_path}")
         print(f"  API docs   {gateway}/docs\nCtrl-C stops everything.", flush=True)
         if not args.once:
+            supervisor = Supervisor(started)  # a child that exits is restarted, with back-off
             while not stop.wait(0.5):
-                dead = [p.name for p in started if not p.running]
-                if dead:
-                    log.error("%s exited; stopping the stack (see logs in %s)", dead, logs)
-                    return 1
+                supervisor.check()
         return 0
     finally:
         for proc in reversed(started):
             proc.stop()
+        watchdog.close()
         log.info("stopped %d processes", len(started))
