@@ -1,7 +1,9 @@
 """Start, wait for and stop local processes: used by ``arbiter up`` and by the tests.
 
 Every child runs in its own process group so that stopping it also stops whatever it
-spawned (uvicorn workers, process pools). ``stop`` sends SIGTERM, then SIGKILL.
+spawned (uvicorn workers, process pools). ``stop`` sends SIGTERM, then SIGKILL. With a
+``Watchdog`` (``arbiter up``) the groups are also ended when this process dies, however it
+dies; see ``arbiter.supervise``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from arbiter.supervise import Watchdog, die_with_parent
 
 
 def free_port() -> int:
@@ -36,14 +40,38 @@ class ManagedProcess:
     log_path: Path | None = None
     port: int | None = None
     proc: subprocess.Popen[bytes] | None = None
+    # Ends this child's group when the starting process dies (see arbiter.supervise).
+    watchdog: Watchdog | None = None
 
     def start(self) -> ManagedProcess:
+        """Start (or, after it exited, start again) the process in a group of its own."""
         env = {**os.environ, **self.env}
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        if self.proc is not None:  # a restart: what the previous run left in its group goes
+            self._kill_leftovers()
+            if self.watchdog is not None:
+                self.watchdog.forget(self.proc.pid)
         self.proc = subprocess.Popen(
-            self.argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            self.argv,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            # prctl in the child: only with a watchdog (arbiter up, single-threaded)
+            preexec_fn=die_with_parent if self.watchdog is not None else None,
         )
+        if self.watchdog is not None:
+            self.watchdog.watch(self.proc.pid)
         return self
+
+    def _kill_leftovers(self) -> None:
+        """SIGKILL the group of a process that has exited (its orphaned children)."""
+        if self.proc is not None and self.proc.poll() is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def exit_code(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
 
     @property
     def running(self) -> bool:
@@ -73,7 +101,12 @@ class ManagedProcess:
         )
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
+        if self.proc is None:
+            return
+        if self.watchdog is not None:
+            self.watchdog.forget(self.proc.pid)
+        if self.proc.poll() is not None:
+            self._kill_leftovers()
             return
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, signal.SIGTERM)
@@ -145,11 +178,21 @@ def redis_binary() -> str:
     )
 
 
-def redis_process(port: int, log_path: Path | None = None) -> ManagedProcess:
-    """A real redis-server on 127.0.0.1 only, no persistence."""
+# Redis's memory bound and eviction, as docker-compose.yml and k8s set them: a cache that
+# evicts its least recently used keys instead of growing without bound.
+REDIS_MAXMEMORY = "1gb"  # ARBITER_REDIS_MAXMEMORY, as in compose
+REDIS_POLICY = "allkeys-lru"
+
+
+def redis_process(
+    port: int, log_path: Path | None = None, maxmemory: str | None = None
+) -> ManagedProcess:
+    """A real redis-server on 127.0.0.1 only, no persistence, bounded like compose's."""
+    maxmemory = maxmemory or os.environ.get("ARBITER_REDIS_MAXMEMORY") or REDIS_MAXMEMORY
     argv = [
         redis_binary(), "--bind", "127.0.0.1", "--port", str(port),
         "--save", "", "--appendonly", "no", "--protected-mode", "yes",
+        "--maxmemory", maxmemory, "--maxmemory-policy", REDIS_POLICY,
     ]  # fmt: skip
     return ManagedProcess(name="redis", argv=argv, log_path=log_path, port=port)
 
