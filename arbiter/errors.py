@@ -28,6 +28,7 @@ extras.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +78,11 @@ class ArbiterError(Exception):
     def envelope(self) -> ErrorResponse:
         return ErrorResponse(error=self.error)
 
+    @property
+    def headers(self) -> dict[str, str]:
+        """HTTP headers the answer carries besides the envelope (``Retry-After`` on a 429)."""
+        return {}
+
 
 class InvalidRequest(ArbiterError):
     """The request is wrong as given: fix it, do not retry it. A caller whose own request
@@ -117,12 +123,42 @@ class NotFound(InvalidRequest):
     type = "not_found"
 
 
+class Unauthorized(InvalidRequest):
+    """401: no ``Authorization: Bearer <key>``, or a key the gateway does not know (or
+    revoked). The message never repeats the key."""
+
+    status = 401
+    type = "authentication_error"
+
+
+class Forbidden(InvalidRequest):
+    """403: a valid key whose team may not use this recipe, component or route."""
+
+    status = 403
+    type = "permission_error"
+
+
+class Conflict(InvalidRequest):
+    """409: a request with the same ``Idempotency-Key`` is still being scored."""
+
+    status = 409
+    type = "conflict"
+
+
 class RateLimited(ArbiterError):
-    """429: over a quota or a queue bound; retry after a pause."""
+    """429: over a quota or a queue bound; retry after a pause (``retry_after`` seconds,
+    sent as the ``Retry-After`` header when set)."""
 
     status = 429
     type = "rate_limited"
     kind = "unavailable"
+    retry_after: float | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        if self.retry_after is None:
+            return {}
+        return {"Retry-After": str(max(1, math.ceil(self.retry_after)))}
 
 
 class Unavailable(ArbiterError):
@@ -160,7 +196,17 @@ class ItemFailure(ArbiterError):
 
 _BY_STATUS: dict[int, type[ArbiterError]] = {
     cls.status: cls
-    for cls in (BadRequest, Unprocessable, PayloadTooLarge, NotFound, RateLimited, Timeout)
+    for cls in (
+        BadRequest,
+        Unauthorized,
+        Forbidden,
+        NotFound,
+        Conflict,
+        PayloadTooLarge,
+        Unprocessable,
+        RateLimited,
+        Timeout,
+    )
 }
 
 

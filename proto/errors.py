@@ -17,6 +17,9 @@ from arbiter.proto.common import ArbiterModel
 
 ErrorType = Literal[
     "invalid_request_error",  # 400, 422 (and any other 4xx): bad input; `param` names the field
+    "authentication_error",  # 401: no API key, or an unknown or revoked one
+    "permission_error",  # 403: the key's team may not use this recipe, component or route
+    "conflict",  # 409: a request with the same Idempotency-Key is still in flight
     "payload_too_large",  # 413: past a size limit; split the request
     "not_found",  # 404: no such route, recipe or model
     "rate_limited",  # 429: over a quota or a queue bound; retry after a pause

@@ -56,7 +56,8 @@ Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 def error_response(exc: BaseException) -> JSONResponse:
     """Any exception as the one envelope (``arbiter.errors.to_envelope``), as a response."""
     status, body = to_envelope(exc)
-    return JSONResponse(status_code=status, content=body.model_dump())
+    headers = exc.headers if isinstance(exc, ArbiterError) else None
+    return JSONResponse(status_code=status, content=body.model_dump(), headers=headers)
 
 
 def _loc_to_param(loc: tuple[Any, ...]) -> str:
