@@ -150,11 +150,14 @@ class ArbiterReward:
         recipe: a named recipe, an inline one, or None for ``$ARBITER_RECIPE``; a component
             function with neither scores that component alone (default params).
         base_url, api_key: the gateway; default ``$ARBITER_URL`` / ``$ARBITER_API_KEY``.
-        reference_column: the dataset column holding the reference (default
-            ``$ARBITER_REFERENCE_COLUMN`` or ``"answer"``; ``""``/None: no reference).
+        reference_column: the dataset column holding the reference (``""``/None: none);
+            a column TRL did not pass raises, naming it.
+        reference_from_env: read the column from ``$ARBITER_REFERENCE_COLUMN`` at call
+            time, ``reference_column`` being the default (the ready-made functions do).
         num_generations: TRL's ``num_generations``; given, groups are cut at that size even
             when two neighbouring prompts are equal.
-        client: an ``ArbiterClient`` to use (retries and timeouts are its).
+        client: an ``ArbiterClient`` to use (retries and timeouts are its); pickling the
+            function pickles it without its connection pools.
         name: the name TRL logs it under (default: the component, or ``arbiter_<recipe>``).
     """
 
@@ -194,9 +197,6 @@ class ArbiterReward:
     def __repr__(self) -> str:
         return f"{type(self).__name__}(component={self.component!r}, recipe={self.recipe!r})"
 
-    def __getstate__(self) -> dict[str, Any]:
-        return self.__dict__.copy()  # the client drops its connection pools itself
-
     @property
     def client(self) -> ArbiterClient:
         if self._client is None:
@@ -222,8 +222,10 @@ class ArbiterReward:
             )
         return {"name": self.component, "components": [{"name": self.component}]}
 
-    def plan(self, prompts: Sequence[Any], completions: Sequence[Any], kwargs: dict[str, Any]
-             ) -> Plan:  # fmt: skip
+    def plan(
+        self, prompts: Sequence[Any], completions: Sequence[Any], kwargs: dict[str, Any]
+    ) -> Plan:
+        """The request for this rank's slice (after gathering every rank's rows)."""
         column = self._column()
         refs = None
         if column is not None:

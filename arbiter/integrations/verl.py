@@ -248,17 +248,19 @@ async def compute_score_async(
     return await _window(settings).submit(s)
 
 
-_LOOP: asyncio.AbstractEventLoop | None = None
+_LOOP: tuple[int, asyncio.AbstractEventLoop] | None = None  # (pid, loop)
 
 
 def _background_loop() -> asyncio.AbstractEventLoop:
-    """One event loop in a daemon thread: sync calls from many threads meet in its window."""
+    """One event loop in a daemon thread: sync calls from many threads meet in its window.
+    A forked child (Ray, multiprocessing) does not inherit the thread, so it makes its own."""
     global _LOOP
     with _LOCK:
-        if _LOOP is None or _LOOP.is_closed():
-            _LOOP = asyncio.new_event_loop()
-            threading.Thread(target=_LOOP.run_forever, name="arbiter-verl", daemon=True).start()
-        return _LOOP
+        if _LOOP is None or _LOOP[0] != os.getpid() or _LOOP[1].is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="arbiter-verl", daemon=True).start()
+            _LOOP = (os.getpid(), loop)
+        return _LOOP[1]
 
 
 def compute_score(
