@@ -262,7 +262,7 @@ def run(
         tempfile.TemporaryDirectory() as tmp,
         _stack(verify_url, Path(tmp), baseline) as (urls, pids),
     ):
-        gateways = {k: v for k, v in urls.items() if k.startswith("gateway")}
+        gateways = {k: v for k, v in urls.items() if k != "verify"}
         cpu0 = {k: cpu_seconds(pid) for k, pid in pids.items()}
         latency = asyncio.run(_latency(urls["verify"], gateways, groups, requests))
         # Gateway CPU per request: what it adds on an idle core, whatever the load.

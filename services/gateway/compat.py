@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -177,29 +178,36 @@ _NULL_REWARD = Query(
 )
 
 
+@dataclass(frozen=True)
 class Options:
-    """The query parameters every compat route takes."""
+    """The query parameters every compat route takes, with the settings' defaults."""
 
-    def __init__(
-        self,
-        settings: Annotated[GatewaySettings, Depends(_settings)],
-        group_size: Annotated[int | None, _GROUP_SIZE] = None,
-        window_ms: Annotated[float | None, _WINDOW_MS] = None,
-        null_reward: Annotated[float | None, _NULL_REWARD] = None,
-    ):
-        if window_ms is not None and window_ms > settings.compat_max_window_ms:
-            raise Unprocessable(
-                f"window_ms: at most {settings.compat_max_window_ms:g} "
-                "(GATEWAY_COMPAT_MAX_WINDOW_MS)",
-                param="window_ms",
-            )
-        self.group_size = group_size
-        self.window_s = None if window_ms is None else window_ms / 1000
-        self.null_reward = settings.compat_null_reward if null_reward is None else null_reward
+    group_size: int | None
+    window_s: float | None
+    null_reward: float | None
+
+
+async def _options(
+    settings: Annotated[GatewaySettings, Depends(_settings)],
+    group_size: Annotated[int | None, _GROUP_SIZE] = None,
+    window_ms: Annotated[float | None, _WINDOW_MS] = None,
+    null_reward: Annotated[float | None, _NULL_REWARD] = None,
+) -> Options:
+    # async: a class or a plain `def` dependency would run on the threadpool
+    if window_ms is not None and window_ms > settings.compat_max_window_ms:
+        raise Unprocessable(
+            f"window_ms: at most {settings.compat_max_window_ms:g} (GATEWAY_COMPAT_MAX_WINDOW_MS)",
+            param="window_ms",
+        )
+    return Options(
+        group_size=group_size,
+        window_s=None if window_ms is None else window_ms / 1000,
+        null_reward=settings.compat_null_reward if null_reward is None else null_reward,
+    )
 
 
 CollectorDep = Annotated[GroupCollector, Depends(_collector)]
-OptionsDep = Annotated[Options, Depends()]
+OptionsDep = Annotated[Options, Depends(_options)]
 
 
 async def _score(
