@@ -65,6 +65,13 @@ def env_var(service: str) -> str:
     return f"GATEWAY_{service.upper()}_URL"
 
 
+def not_configured(spec: ComponentSpec) -> Unavailable:
+    return Unavailable(
+        f"component {spec.name!r} needs the {spec.service} service, which is not "
+        f"configured: set {env_var(spec.service)}"
+    )
+
+
 class ComponentClient:
     """Owns the one ``aiohttp.ClientSession`` and one concurrency slot pool per service.
 
@@ -96,10 +103,7 @@ class ComponentClient:
     async def call(self, spec: ComponentSpec, body: bytes) -> CallResult:
         url = self.url(spec)
         if url is None:
-            return Unavailable(
-                f"component {spec.name!r} needs the {spec.service} service, which is not "
-                f"configured: set {env_var(spec.service)}",
-            )
+            return not_configured(spec)
         timeout = self.settings.timeout_for(spec.name)
         start = time.perf_counter()
         try:

@@ -23,7 +23,7 @@ from arbiter.proto.components import ScoreGroup
 from arbiter.proto.gateway import ScoreRequest
 from arbiter.services.common.app import NON_BLOCKING_PREFIXES
 from arbiter.services.gateway.cache import Cache
-from arbiter.services.gateway.fanout import ComponentClient, env_var
+from arbiter.services.gateway.fanout import ComponentClient, not_configured
 from arbiter.services.gateway.lookup import lookup
 from arbiter.services.gateway.merge import failure_error, merge
 from arbiter.services.gateway.misses import Call, call, chunks, misses
@@ -102,14 +102,10 @@ class Scorer:
         for comp in comps:
             items = misses(comp, groups)
             if self.client.url(comp.bound.spec) is None:
-                spec = comp.bound.spec
-                message = (
-                    f"component {spec.name!r} needs the {spec.service} service, which is not "
-                    f"configured: set {env_var(spec.service)}"
-                )
-                failures.append(Unavailable(message))
+                failure = not_configured(comp.bound.spec)
+                failures.append(failure)
                 for item in items:
-                    comp.fail(item, "unavailable", message)
+                    comp.fail(item, failure.kind, failure.message)
                 continue
             calls.extend(call(comp, chunk, groups) for chunk in chunks(items, *limits))
         return calls, failures
