@@ -45,7 +45,9 @@ class QualityParams(ArbiterModel):
     show_reference: bool = Field(
         default=True, description="Show the group's reference answer to the judge."
     )
-    temperature: float = Field(default=0.0, ge=0.0, le=2.0)
+    temperature: float = Field(
+        default=0.0, ge=0.0, le=2.0, description="The judge's sampling temperature (0: greedy)."
+    )
     max_tokens: int = Field(
         default=96, ge=8, le=4096, description="Budget for the judge's JSON reply."
     )

@@ -17,8 +17,16 @@ class MathParams(ArbiterModel):
 
 
 class FormatParams(ArbiterModel):
-    think_tag: str = Field(default="think", pattern=r"^[A-Za-z_][A-Za-z0-9_\-]{0,31}$")
-    answer_tag: str = Field(default="answer", pattern=r"^[A-Za-z_][A-Za-z0-9_\-]{0,31}$")
+    think_tag: str = Field(
+        default="think",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_\-]{0,31}$",
+        description="Name of the reasoning block's tag: <think>…</think>.",
+    )
+    answer_tag: str = Field(
+        default="answer",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_\-]{0,31}$",
+        description="Name of the answer block's tag: <answer>…</answer>.",
+    )
     think_optional: bool = Field(
         default=False, description="Accept a response with no think block at all."
     )
