@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     add_commands(sub)  # score, recipes, health
+    from arbiter.keys import add_commands as add_keys
+
+    add_keys(sub)  # keys create|list|revoke
 
     p_openapi = sub.add_parser("openapi", help="write proto/openapi/<service>.json")
     p_openapi.set_defaults(func=_cmd_openapi)

@@ -28,9 +28,18 @@ class RecipeComponent(ArbiterModel):
     params: JsonObject = Field(default_factory=dict)
 
 
+CacheScope = Literal["team", "shared"]
+
+
 class Recipe(ArbiterModel):
     name: str = Field(default="inline", max_length=128)
     components: list[RecipeComponent] = Field(min_length=1, max_length=16)
+    cache: CacheScope = Field(
+        default="team",
+        description="team: cached scores are seen by the caller's team only; shared: by "
+        "every team that scores the same inputs with a shared recipe of the same "
+        "components. Not part of the fingerprint (it changes no score).",
+    )
 
 
 class ScoreRequest(ArbiterModel):
@@ -51,6 +60,7 @@ class RecipeRef(ArbiterModel):
     name: str
     fingerprint: str = Field(description="sha256 of the recipe's canonical JSON.")
     components: list[RecipeComponent]
+    cache: CacheScope = "team"
 
 
 class ScoreError(ArbiterModel):

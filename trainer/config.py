@@ -70,7 +70,9 @@ class TrainerConfig:
         default="gsm8k",
         metadata={"help": "Recipe name registered in the gateway, or an inline recipe mapping."},
     )
-    api_key: str = _f("", "Bearer token for the gateway, if it requires one.")
+    api_key: str = _f(
+        "", "Bearer token for the gateway, if it requires one (empty: $ARBITER_API_KEY)."
+    )
     reward_concurrency: int = _f(16, "Max /v1/score requests in flight (one request per group).")
     reward_timeout_s: float = _f(120.0, "HTTP timeout of one /v1/score request.")
     reward_retries: int = _f(4, "Retries of a retryable failure (connect error, 429/503/504).")

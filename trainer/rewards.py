@@ -12,6 +12,11 @@ retried with exponential backoff; when retries run out the whole batch fails wit
 invented rewards). A 4xx other than 429 is a bug in the request or the recipe: the
 gateway's ``InvalidRequest`` (e.g. ``Unprocessable`` for an unknown recipe) is raised as
 it came, and stops the run.
+
+Every group's request carries an ``Idempotency-Key`` (a fresh UUID), the same on each of
+its retries: a retry after a dropped connection gets the gateway's stored answer and is
+counted once in the team's usage and quota. The API key is ``api_key`` (the trainer's
+``api_key`` setting), else ``$ARBITER_API_KEY``, sent as ``Authorization: Bearer``.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import threading
 import time
+import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,6 +122,7 @@ class RewardClient:
         self.timeout_s = timeout_s
         self.retries = retries
         self.backoff_s = backoff_s
+        api_key = api_key or os.environ.get("ARBITER_API_KEY", "")
         self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="rewards", daemon=True)
@@ -183,6 +191,7 @@ class RewardClient:
         assert self._client is not None and self._sem is not None
         body = ScoreRequest(recipe=recipe, groups=[group]).model_dump(mode="json")
         url = f"{self.base_url}/v1/score"
+        headers = {"Idempotency-Key": uuid.uuid4().hex}  # the same on every retry
         last: ArbiterError = Unavailable("no attempt made")
         for attempt in range(self.retries + 1):
             if attempt:
@@ -191,7 +200,7 @@ class RewardClient:
                 await asyncio.sleep(delay)
             try:
                 async with self._sem:
-                    resp = await self._client.post(url, json=body)
+                    resp = await self._client.post(url, json=body, headers=headers)
             except (httpx.TransportError, httpx.TimeoutException) as e:
                 unreachable = Timeout if isinstance(e, httpx.TimeoutException) else Unavailable
                 last = unreachable(f"{type(e).__name__}: {e}")

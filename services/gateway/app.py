@@ -10,15 +10,18 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.middleware import Middleware
 
-from arbiter.services.common.app import create_service_app, validation_response
+from arbiter.services.common.app import TimingMiddleware, create_service_app, validation_response
+from arbiter.services.gateway.auth import AuthMiddleware, KeyStore
 from arbiter.services.gateway.cache import Cache, LRUCache, NullCache, RedisCache
 from arbiter.services.gateway.compat import router as compat_router
 from arbiter.services.gateway.fanout import ComponentClient
 from arbiter.services.gateway.recipes import RecipeBook
-from arbiter.services.gateway.routes import router
+from arbiter.services.gateway.routes import AUTH_RESPONSES, router
 from arbiter.services.gateway.scoring import Scorer
 from arbiter.services.gateway.settings import GatewaySettings, get_settings
+from arbiter.services.gateway.teams import Teams
 
 log = logging.getLogger("arbiter.gateway")
 
@@ -40,22 +43,30 @@ def build_cache(settings: GatewaySettings) -> Cache:
 def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     settings = settings or get_settings()
     book = RecipeBook(settings.recipes_file)  # a bad recipes file fails here, at start-up
+    keys = None  # likewise a bad keys file
+    if settings.keys_file is not None:
+        secret = settings.key_secret.get_secret_value()
+        keys = KeyStore(settings.keys_file, secret, settings.keys_reload_s)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cache = build_cache(settings)
         client = ComponentClient(settings)
         app.state.scorer = Scorer(book, cache, client, enabled=settings.cache_enabled)
+        app.state.teams = teams = Teams(settings, keys)
+        teams.attach(app.state.scorer)
         log.info(
-            "gateway: cache=%s verify=%s embedding=%s judge=%s recipes=%s",
+            "gateway: cache=%s verify=%s embedding=%s judge=%s recipes=%s auth=%s",
             cache.kind, settings.verify_url, settings.embedding_url, settings.judge_url,
             ", ".join(book.names - {"inline"}),
+            f"on ({settings.keys_file})" if keys else "off (no GATEWAY_KEYS_FILE)",
         )  # fmt: skip
         try:
             yield
         finally:
             await client.close()
             await cache.close()
+            await teams.close()
 
     async def ready(app: FastAPI) -> dict[str, str]:
         scorer: Scorer = app.state.scorer
@@ -70,8 +81,12 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         ready=ready,
         settings=settings,
     )
-    app.include_router(compat_router)  # /v1/compat/*: other frameworks' shapes
+    app.include_router(compat_router, responses=AUTH_RESPONSES)  # other frameworks' shapes
     app.add_exception_handler(RequestValidationError, _validation_handler)
+    # Keys are checked right inside the timing middleware (401s are timed), before the
+    # limits middleware reads a byte of the body.
+    timing = next(i for i, m in enumerate(app.user_middleware) if m.cls is TimingMiddleware)
+    app.user_middleware.insert(timing + 1, Middleware(AuthMiddleware, store=keys))
     return app
 
 

@@ -47,10 +47,11 @@ def _prefix(comp: BoundComponent, group: ScoreGroup) -> Any:
     return h
 
 
-def cache_keys(comp: BoundComponent, group: ScoreGroup) -> list[str]:
-    """One key per response (response-level) or one for the whole ordered group."""
+def cache_keys(comp: BoundComponent, group: ScoreGroup, team: str | None = None) -> list[str]:
+    """One key per response (response-level) or one for the whole ordered group; with a
+    ``team``, in that team's own space (``arb:v1:team:<team>:…``), else the shared one."""
     base = _prefix(comp, group)
-    name = comp.spec.name
+    name = comp.spec.name if team is None else f"team:{team}:{comp.spec.name}"
     if comp.spec.granularity == "group":
         for text in group.responses:
             base.update(_lp(text))

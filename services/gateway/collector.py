@@ -38,6 +38,7 @@ class GroupKey(NamedTuple):
     recipe: str
     prompt: str
     reference: str | None
+    team: str | None = None  # two teams' samples never land in one group (auth, usage, cache)
 
 
 class SampleScore(NamedTuple):
@@ -132,7 +133,7 @@ class GroupCollector:
             }
         )
         try:
-            scored = await self.scorer.score(request)
+            scored = await self.scorer.score(request, key.team)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # every waiter answers with the same envelope
@@ -156,5 +157,4 @@ class GroupCollector:
                     group_size=len(live),
                 )
             )
-        if scored.writes:
-            await self.scorer.store(scored.writes)
+        await self.scorer.finish(scored)  # new scores to the cache, usage to the team

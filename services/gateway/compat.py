@@ -40,6 +40,7 @@ from arbiter.services.common.app import ERROR_RESPONSES
 from arbiter.services.common.responses import JSONBody
 from arbiter.services.gateway.collector import GroupCollector, GroupKey, SampleScore
 from arbiter.services.gateway.settings import GatewaySettings, get_settings
+from arbiter.services.gateway.teams import Tenant, current_tenant
 
 router = APIRouter(tags=["compat"], responses=ERROR_RESPONSES)
 
@@ -185,10 +186,12 @@ class Options:
     group_size: int | None
     window_s: float | None
     null_reward: float | None
+    tenant: Tenant  # the caller: allow-lists, quota, and the team its samples are grouped in
 
 
 async def _options(
     settings: Annotated[GatewaySettings, Depends(_settings)],
+    tenant: Annotated[Tenant, Depends(current_tenant)],
     group_size: Annotated[int | None, _GROUP_SIZE] = None,
     window_ms: Annotated[float | None, _WINDOW_MS] = None,
     null_reward: Annotated[float | None, _NULL_REWARD] = None,
@@ -203,6 +206,7 @@ async def _options(
         group_size=group_size,
         window_s=None if window_ms is None else window_ms / 1000,
         null_reward=settings.compat_null_reward if null_reward is None else null_reward,
+        tenant=tenant,
     )
 
 
@@ -217,12 +221,15 @@ async def _score(
     samples: list[tuple[str, str | None, str]],
     opts: Options,
 ) -> list[SampleScore]:
-    collector.scorer.book.get(recipe)  # an unknown recipe fails now, not after the window
+    # An unknown recipe, a recipe the team may not use or a quota fails now, not after the
+    # window; each sample takes one response from the team's quota.
+    await opts.tenant.admit(collector.scorer.book.get(recipe), recipe, len(samples))
+    team = opts.tenant.team
     try:
         scores = await asyncio.gather(
             *(
                 collector.submit(
-                    GroupKey(recipe, prompt, reference),
+                    GroupKey(recipe, prompt, reference, team),
                     response,
                     window_s=opts.window_s,
                     group_size=opts.group_size,

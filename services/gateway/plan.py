@@ -54,15 +54,18 @@ class ComponentScores:
                 self.errors[item.g].append((j, kind, message))
 
 
-def plan(recipe: ResolvedRecipe, groups: list[ScoreGroup]) -> list[ComponentScores]:
-    """Empty result tables, with cache keys, for every component of the recipe."""
+def plan(
+    recipe: ResolvedRecipe, groups: list[ScoreGroup], team: str | None = None
+) -> list[ComponentScores]:
+    """Empty result tables, with cache keys (in ``team``'s cache space, or the shared one
+    when None), for every component of the recipe."""
     return [
         ComponentScores(
             bound=b,
             scores=[[None] * len(g.responses) for g in groups],
             errors=[[] for _ in groups],
             info=[{} for _ in groups],
-            keys=[cache_keys(b, g) for g in groups],
+            keys=[cache_keys(b, g, team) for g in groups],
         )
         for b in recipe.components
     ]

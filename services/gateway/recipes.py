@@ -3,7 +3,8 @@
 A recipe's fingerprint is ``"sha256:" + sha256(canonical JSON)`` of its components
 (``[{"name", "weight", "params"}]`` in recipe order, keys sorted, no whitespace). The
 recipe's *name* is not part of it: the fingerprint identifies the reward function, so a
-named recipe and the same components given inline share one fingerprint.
+named recipe and the same components given inline share one fingerprint. Nor is its
+``cache`` scope (``team`` or ``shared``): where a score may be cached changes no score.
 """
 
 from __future__ import annotations
@@ -133,7 +134,10 @@ def resolve(recipe: Recipe, where: str = "recipe") -> ResolvedRecipe:
         check_params(spec, comp.params, f"{at}.params")
         bound.append(BoundComponent(spec, comp.weight, comp.params, canonical_json(comp.params)))
     ref = RecipeRef(
-        name=recipe.name, fingerprint=fingerprint(recipe.components), components=recipe.components
+        name=recipe.name,
+        fingerprint=fingerprint(recipe.components),
+        components=recipe.components,
+        cache=recipe.cache,
     )
     return ResolvedRecipe(ref=ref, components=tuple(bound), ref_json=ref.model_dump(mode="json"))
 

@@ -7,13 +7,20 @@
 5. ``merge.py``: the answers back into exactly the response indices they came from.
 6. ``render.py``: weighted rewards and the response body.
 
-New scores are written to the cache after the response is sent (``Scorer.store``).
+New scores are written to the cache after the response is sent (``Scorer.finish``), and
+the request's counters go to the team's usage ledger (``after``, set by ``teams.py``).
+
+Cache scope: a request scored for a ``team`` reads and writes that team's cache space,
+unless its recipe says ``cache: shared``; without a team (auth off) every request shares
+one space.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter as Tally
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
 from prometheus_client import Counter
@@ -30,6 +37,7 @@ from arbiter.services.gateway.misses import Call, call, chunks, misses
 from arbiter.services.gateway.plan import ComponentScores, plan
 from arbiter.services.gateway.recipes import RecipeBook
 from arbiter.services.gateway.render import render
+from arbiter.services.gateway.usage import tally
 
 REQUESTS = Counter(
     "arbiter_gateway_score_requests_total", "POST /v1/score by recipe and outcome.",
@@ -42,6 +50,11 @@ MAX_PENDING = 200_000
 class Scored(NamedTuple):
     body: bytes  # the serialised ScoreResponse
     writes: list[tuple[str, str]]  # new cache entries, to store once the body is sent
+    team: str | None = None  # who it was scored for (None: auth off)
+    counts: Tally[str] | None = None  # the usage ledger's counters of this request
+
+
+After = Callable[[Scored], Awaitable[None]]
 
 
 class Scorer:
@@ -55,11 +68,13 @@ class Scorer:
         # Scores answered but not yet in Redis (the store runs after the response is sent):
         # served from here so this process always sees its own writes.
         self._pending: dict[str, str] = {}
+        self.after: After | None = None  # usage and judge-token charging (teams.py)
 
-    async def score(self, req: ScoreRequest) -> Scored:
+    async def score(self, req: ScoreRequest, team: str | None = None) -> Scored:
+        """Score ``req`` for ``team`` (its cache space unless the recipe is shared)."""
         label = req.recipe if isinstance(req.recipe, str) else "inline"
         try:
-            scored = await self._score(req)
+            scored = await self._score(req, team)
         except InvalidRequest:
             REQUESTS.labels(label if label in self.book.names else "unknown", "invalid").inc()
             raise
@@ -69,10 +84,11 @@ class Scorer:
         REQUESTS.labels(label, "ok").inc()
         return scored
 
-    async def _score(self, req: ScoreRequest) -> Scored:
+    async def _score(self, req: ScoreRequest, team: str | None) -> Scored:
         start = time.perf_counter()
         recipe = self.book.get(req.recipe)  # 422 for an unknown recipe or bad params
-        comps = plan(recipe, req.groups)
+        scope = None if recipe.ref.cache == "shared" else team
+        comps = plan(recipe, req.groups, scope)
         await self._lookup(comps, req.groups)
         calls, failures = self._calls(comps, req.groups)
         results = await asyncio.gather(*(self.client.call(c.spec, c.body) for c in calls))
@@ -85,7 +101,10 @@ class Scorer:
             raise failure_error(merged.failures)
         self._remember(merged.writes)
         body = render(recipe, req.groups, comps, merged, time.perf_counter() - start)
-        return Scored(body, merged.writes)
+        counts = None
+        if self.after is not None:
+            counts = tally(comps, req.groups, merged.prompt_tokens, merged.completion_tokens)
+        return Scored(body, merged.writes, team, counts)
 
     async def _lookup(self, comps: list[ComponentScores], groups: list[ScoreGroup]) -> None:
         if self.cache_enabled:
@@ -123,6 +142,13 @@ class Scorer:
             for key, value in writes:
                 if self._pending.get(key) == value:
                     del self._pending[key]
+
+    async def finish(self, scored: Scored) -> None:
+        """After the response: store new scores, then record the usage (``after``)."""
+        if scored.writes:
+            await self.store(scored.writes)
+        if self.after is not None and scored.counts is not None:
+            await self.after(scored)
 
     async def ready(self) -> dict[str, str]:
         services = ("verify", "embedding", "judge")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from arbiter.keys import DEV_SECRET
 from arbiter.services.common.settings import ServiceSettings
 
 SERVICES = ("verify", "embedding", "judge")
@@ -102,6 +103,42 @@ class GatewaySettings(ServiceSettings):
         description="/v1/compat/*: the value a score that could not be computed becomes "
         "(marked masked); unset = such a sample is answered with an error (?null_reward=).",
     )
+    # Teams (docs/operations/teams.md): API keys, quotas, usage, cache scope, idempotency.
+    environment: Literal["development", "production"] = Field(
+        default="development",
+        description="production: refuse the development GATEWAY_KEY_SECRET and short secrets "
+        "(compose and k8s set production).",
+    )
+    keys_file: Path | None = Field(
+        default=None,
+        description="Keys file written by `arbiter keys` (in k8s a mounted Secret): every "
+        "/v1/* call needs Authorization: Bearer <key>. Unset = no auth (every caller is team "
+        "anonymous). Changes are picked up without a restart.",
+    )
+    key_secret: SecretStr = Field(
+        default=SecretStr(DEV_SECRET),
+        description="Server secret of the keys' HMAC; `arbiter keys` must use the same one "
+        "(it reads GATEWAY_KEY_SECRET too). At least 32 characters in production.",
+    )
+    keys_reload_s: float = Field(
+        default=2.0, ge=0.1, le=3600, description="How often the keys file is checked for changes."
+    )
+    idempotency_ttl_s: int = Field(
+        default=24 * 3600,
+        ge=60,
+        le=30 * 24 * 3600,
+        description="How long a response is kept for a retry with the same Idempotency-Key.",
+    )
+    idempotency_wait_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=600,
+        description="A duplicate of a request still in flight waits this long for it, then "
+        "answers 409 idempotency_in_flight.",
+    )
+    usage_retention_days: int = Field(
+        default=400, ge=1, le=3660, description="How long a team's daily usage is kept in Redis."
+    )
 
     @field_validator("verify_url", "embedding_url", "judge_url", mode="before")
     @classmethod
@@ -150,6 +187,32 @@ class GatewaySettings(ServiceSettings):
                 raise ValueError(f"GATEWAY_COMPONENT_URLS[{name!r}]={url!r} is not an http(s) URL")
             out[name] = url.rstrip("/")
         return out
+
+    @field_validator("keys_file")
+    @classmethod
+    def _keys_file(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(
+                f"GATEWAY_KEYS_FILE={value} does not exist; create it with "
+                f"`arbiter keys create --team NAME --file {value}` or unset it (no auth)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _auth(self) -> GatewaySettings:
+        if self.keys_file is not None and self.redis_url is None:
+            raise ValueError(
+                "GATEWAY_KEYS_FILE needs REDIS_URL: quotas, usage and idempotency live in Redis, "
+                "shared by every gateway replica"
+            )
+        secret = self.key_secret.get_secret_value()
+        if self.environment != "development" and (secret == DEV_SECRET or len(secret) < 32):
+            raise ValueError(
+                "GATEWAY_KEY_SECRET is the development default or shorter than 32 characters; "
+                "outside development (GATEWAY_ENVIRONMENT) set a random one, e.g. "
+                "`openssl rand -hex 32`, and create keys with the same one"
+            )
+        return self
 
     @model_validator(mode="after")
     def _timeouts(self) -> GatewaySettings:

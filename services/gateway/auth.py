@@ -1,0 +1,153 @@
+"""Who is calling: API keys from ``GATEWAY_KEYS_FILE``, checked before any work.
+
+``AuthMiddleware`` (pure ASGI, right inside the timing middleware, before the body is
+read) answers every ``/v1/*`` call without a valid ``Authorization: Bearer <key>`` with 401
+in the one envelope, and puts the caller's ``Principal`` (team, admin, limits; never the
+key) in ``request.state.principal``. ``/healthz``, ``/readyz``, ``/metrics`` and the API
+docs stay open. Without a keys file every caller is ``arbiter.keys.OPEN`` (team
+``anonymous``, no limits).
+
+``KeyStore`` re-reads the file when its modification time, size or inode changes (checked
+at most every ``GATEWAY_KEYS_RELOAD_S``; a Kubernetes Secret volume swaps a symlink, which
+changes the inode): new keys work and revoked ones stop working without a restart. A file
+that does not load (bad YAML, another secret) is logged and the previous keys stay.
+
+``arbiter_gateway_team_requests_total{team, route, status}`` counts every ``/v1/*`` answer
+by team (``unauthenticated`` for a 401). No key, whole or in part, is ever logged or a
+label.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+from fastapi import Request
+from prometheus_client import Counter
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from arbiter.errors import Unauthorized
+from arbiter.keys import OPEN, KeyIndex, Principal, load, secret_check
+from arbiter.services.common.app import error_response
+
+log = logging.getLogger("arbiter.gateway.auth")
+
+TEAM_REQUESTS = Counter(
+    "arbiter_gateway_team_requests_total",
+    "Gateway /v1/* answers by team, route and status (team: the API key's; anonymous when "
+    "auth is off; unauthenticated for a 401).",
+    ["team", "route", "status"],
+)
+
+UNAUTHENTICATED = "unauthenticated"
+
+
+class KeyStore:
+    """The keys file, re-read when it changes. A bad file at start-up raises ValueError."""
+
+    def __init__(self, path: Path, secret: str, reload_s: float):
+        self.path = path
+        self.secret = secret
+        self.reload_s = reload_s
+        self._stamp = self._stat()
+        self._index = self._load()
+        self._next_check = time.monotonic() + reload_s
+
+    def _stat(self) -> tuple[int, int, int] | None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def _load(self) -> KeyIndex:
+        doc = load(self.path)
+        if doc.secret_check is not None and doc.secret_check != secret_check(self.secret):
+            raise ValueError(
+                f"keys file {self.path} was written with another GATEWAY_KEY_SECRET than this "
+                "gateway's; run `arbiter keys` with the gateway's secret"
+            )
+        log.info(
+            "keys file %s: %d active keys, %d teams",
+            self.path, sum(1 for k in doc.keys if k.revoked is None), len(doc.teams),
+        )  # fmt: skip
+        return KeyIndex(doc, self.secret)
+
+    def index(self) -> KeyIndex:
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + self.reload_s
+            stamp = self._stat()
+            if stamp is not None and stamp != self._stamp:
+                try:
+                    self._index = self._load()
+                    self._stamp = stamp
+                except ValueError as exc:
+                    log.error("%s; keeping the previous keys", exc)
+        return self._index
+
+    def verify(self, authorization: str | None) -> Principal:
+        if not authorization:
+            raise Unauthorized(
+                "no API key: send Authorization: Bearer <key> (`arbiter keys create`)",
+                code="missing_api_key",
+            )
+        scheme, _, key = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise Unauthorized("Authorization must be `Bearer <key>`", code="invalid_authorization")
+        principal = self.index().verify(key.strip())
+        if principal is None:
+            raise Unauthorized("unknown or revoked API key", code="invalid_api_key")
+        return principal
+
+
+def _authorization(scope: Scope) -> str | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return str(value.decode("latin-1"))
+    return None
+
+
+class AuthMiddleware:
+    """Authenticates ``/v1/*``; counts every ``/v1/*`` answer per team."""
+
+    def __init__(self, app: ASGIApp, store: KeyStore | None):
+        self.app = app
+        self.store = store
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        principal = OPEN
+        if self.store is not None:
+            try:
+                principal = self.store.verify(_authorization(scope))
+            except Unauthorized as exc:
+                response = error_response(exc)
+                response.headers["WWW-Authenticate"] = "Bearer"
+                await response(scope, receive, send)
+                TEAM_REQUESTS.labels(UNAUTHENTICATED, "unmatched", "401").inc()
+                return
+        scope.setdefault("state", {})["principal"] = principal
+        status = 500
+
+        async def send_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_status)
+        finally:
+            route = getattr(scope.get("route"), "path", "unmatched")
+            TEAM_REQUESTS.labels(principal.team, route, str(status)).inc()
+
+
+def principal(request: Request) -> Principal:
+    """The caller (set by ``AuthMiddleware``; OPEN outside it, e.g. in unit tests)."""
+    found: Principal | None = getattr(request.state, "principal", None)
+    return found or OPEN

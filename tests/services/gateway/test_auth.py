@@ -1,0 +1,173 @@
+"""API keys on a real gateway process: the auth matrix, reload without restart, no key in
+logs or metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import ValidationError
+
+from arbiter.keys import revoke
+from arbiter.services.gateway.settings import GatewaySettings
+from tests.services.gateway.teams import Keys, groups, post, start_gateway, usage, wait_for
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
+    k = Keys(tmp_path_factory.mktemp("auth") / "keys.yaml")
+    k.add("alpha", "alpha")
+    k.add("alpha-old", "alpha")  # revoked in a test
+    k.add("beta", "beta", recipes=["gsm8k"])  # may use gsm8k only
+    k.add("gamma", "gamma", components=["format"])  # may use the format component only
+    k.add("admin", "ops", admin=True)
+    return k
+
+
+@pytest.fixture(scope="module")
+def gateway(log_dir: Path, verify_url: str, redis_url: str, keys: Keys) -> Iterator[Any]:
+    proc, url = start_gateway(log_dir, verify_url, redis_url, keys)
+    proc.url = url  # type: ignore[attr-defined]
+    yield proc
+    proc.stop()
+
+
+def _body(recipe: Any = "gsm8k") -> dict[str, Any]:
+    return {"recipe": recipe, "groups": groups(1, 2)}
+
+
+def _error(r: httpx.Response, status: int, code: str) -> None:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["code"] == code, err
+
+
+FORMAT_ONLY = {"components": [{"name": "format"}]}
+
+
+@pytest.mark.parametrize(
+    ("label", "header", "recipe", "status", "code"),
+    [
+        (None, None, "gsm8k", 401, "missing_api_key"),  # no Authorization header at all
+        (None, "Basic dXNlcjpwdw==", "gsm8k", 401, "invalid_authorization"),  # not Bearer
+        (None, "Bearer arb_000000000000_" + "0" * 48, "gsm8k", 401, "invalid_api_key"),  # unknown
+        (None, "Bearer not-a-key", "gsm8k", 401, "invalid_api_key"),  # malformed
+        ("alpha", None, "gsm8k", 200, None),  # a team without allow-lists: anything
+        ("alpha", None, FORMAT_ONLY, 200, None),  # inline recipes too
+        ("beta", None, "gsm8k", 200, None),  # its one allowed recipe
+        ("beta", None, "gsm8k-diverse", 403, "recipe_not_allowed"),  # another named recipe
+        ("beta", None, FORMAT_ONLY, 403, "recipe_not_allowed"),  # inline is not in its list
+        ("gamma", None, FORMAT_ONLY, 200, None),  # only allowed components
+        ("gamma", None, "gsm8k", 403, "component_not_allowed"),  # math_accuracy is not
+        ("admin", None, "gsm8k", 200, None),  # an admin key scores like any other
+    ],
+)
+def test_auth_matrix(
+    gateway: Any,
+    keys: Keys,
+    label: str | None,
+    header: str | None,
+    recipe: Any,
+    status: int,
+    code: str | None,
+) -> None:
+    headers = keys.headers(label) if label else ({"Authorization": header} if header else {})
+    r = post(gateway.url, _body(recipe), headers)
+    assert r.status_code == status, r.text
+    if code is not None:
+        _error(r, status, code)
+        assert r.json()["error"]["type"] in ("authentication_error", "permission_error")
+    if status == 401:
+        assert r.headers["www-authenticate"] == "Bearer"
+
+
+def test_open_routes_and_every_v1_route_need_a_key(gateway: Any, keys: Keys) -> None:
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+        assert httpx.get(f"{gateway.url}{path}").status_code == 200, path
+    _error(httpx.get(f"{gateway.url}/v1/recipes"), 401, "missing_api_key")
+    _error(httpx.get(f"{gateway.url}/v1/usage"), 401, "missing_api_key")
+    assert httpx.get(f"{gateway.url}/v1/recipes", headers=keys.headers("beta")).status_code == 200
+    sample = {"prompt": "1+1?", "response": "<answer>2</answer>", "label": "2"}
+    slime = "/v1/compat/slime/gsm8k?window_ms=0"
+    _error(post(gateway.url, sample, {}, slime), 401, "missing_api_key")
+    assert post(gateway.url, sample, keys.headers("beta"), slime).status_code == 200
+    denied = post(gateway.url, sample, keys.headers("beta"), slime.replace("gsm8k", "gsm8k-dj"))
+    _error(denied, 403, "recipe_not_allowed")
+
+
+def test_usage_of_other_teams_is_admin_only(gateway: Any, keys: Keys) -> None:
+    assert post(gateway.url, _body(), keys.headers("alpha")).status_code == 200
+    own = usage(gateway.url, keys.headers("alpha"))
+    assert {d["team"] for d in own["days"]} == {"alpha"}
+    r = httpx.get(f"{gateway.url}/v1/usage", params={"team": "beta"}, headers=keys.headers("alpha"))
+    _error(r, 403, "admin_only")
+    every = usage(gateway.url, keys.headers("admin"))
+    assert {"alpha", "beta"} <= {d["team"] for d in every["days"]}
+    assert {d["team"] for d in usage(gateway.url, keys.headers("admin"), team="beta")["days"]} == {
+        "beta"
+    }
+
+
+def test_revoked_and_new_keys_apply_without_restart(gateway: Any, keys: Keys) -> None:
+    old = keys.headers("alpha-old")
+    assert post(gateway.url, _body(), old).status_code == 200
+    revoke(keys.path, keys.ids["alpha-old"])
+    assert wait_for(lambda: post(gateway.url, _body(), old).status_code == 401)
+    _error(post(gateway.url, _body(), old), 401, "invalid_api_key")
+    keys.add("delta", "delta")  # a team and key the gateway has never seen
+    assert wait_for(lambda: post(gateway.url, _body(), keys.headers("delta")).status_code == 200)
+    assert post(gateway.url, _body(), keys.headers("alpha")).status_code == 200  # others stay
+
+
+def test_a_bad_keys_file_keeps_the_previous_keys(gateway: Any, keys: Keys) -> None:
+    good = keys.path.read_text()
+    try:
+        keys.path.write_text("keys: [this is not a key record]\n")
+        # one reload period and more: the broken file is logged and ignored
+        wait_for(lambda: False, timeout=0.6)
+        assert post(gateway.url, _body(), keys.headers("alpha")).status_code == 200
+    finally:
+        keys.path.write_text(good)
+
+
+def test_team_label_on_metrics_and_no_key_anywhere(gateway: Any, keys: Keys) -> None:
+    assert post(gateway.url, _body(), keys.headers("alpha")).status_code == 200
+    post(gateway.url, _body(), {"Authorization": f"Bearer {keys.keys['alpha']}x"})  # a 401
+    metrics = httpx.get(f"{gateway.url}/metrics").text
+    assert 'arbiter_gateway_team_requests_total{route="/v1/score",status="200",team="alpha"}' in (
+        metrics
+    )
+    assert 'team="unauthenticated"' in metrics
+    log_text = Path(gateway.log_path).read_text()
+    for key in keys.keys.values():
+        secret = key.rsplit("_", 1)[1]
+        assert secret not in metrics
+        assert secret not in log_text, "a key reached the gateway's log"
+        assert key not in keys.path.read_text()  # the file holds hashes only
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        # production with the development secret
+        ({"environment": "production"}, "GATEWAY_KEY_SECRET"),
+        # production with a short secret
+        ({"environment": "production", "key_secret": "short"}, "32 characters"),
+    ],
+)
+def test_settings_refuse_an_unsafe_secret_outside_development(
+    env: dict[str, str], fragment: str
+) -> None:
+    with pytest.raises(ValidationError, match=fragment):
+        GatewaySettings(**env)  # type: ignore[arg-type]
+
+
+def test_settings_need_redis_with_a_keys_file(tmp_path: Path) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys: []\n")
+    with pytest.raises(ValidationError, match="needs REDIS_URL"):
+        GatewaySettings(keys_file=path, redis_url=None)
+    assert GatewaySettings(keys_file=path, redis_url="redis://127.0.0.1:1/0").keys_file == path
