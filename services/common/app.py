@@ -53,9 +53,30 @@ ReadyCheck = Callable[[FastAPI], Awaitable[dict[str, str]]]
 Lifespan = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
+# The code an error gets when the code that raised it gave none: every error has one.
+DEFAULT_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+    422: "validation_error",
+    429: "rate_limited",
+    500: "internal_error",
+    502: "bad_response",
+    503: "unavailable",
+    504: "timeout",
+}
+
+
 def error_response(exc: BaseException) -> JSONResponse:
     """Any exception as the one envelope (``arbiter.errors.to_envelope``), as a response."""
     status, body = to_envelope(exc)
+    if body.error.code is None:
+        body.error.code = DEFAULT_CODES.get(status, "bad_request" if status < 500 else "error")
     headers = exc.headers if isinstance(exc, ArbiterError) else None
     return JSONResponse(status_code=status, content=body.model_dump(), headers=headers)
 
@@ -122,13 +143,7 @@ async def _http_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
         return error_response(unreadable_body(exc.__cause__))  # FastAPI's: not UTF-8, too deep
-    err = from_status(exc.status_code, str(exc.detail))
-    err.code = HTTP_CODES.get(exc.status_code)
-    return error_response(err)
-
-
-# Starlette's own refusals (no route, wrong method), with a code like every other error.
-HTTP_CODES = {404: "not_found", 405: "method_not_allowed"}
+    return error_response(from_status(exc.status_code, str(exc.detail)))
 
 
 async def _error_handler(_: Request, exc: Exception) -> JSONResponse:
