@@ -16,6 +16,7 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis import GenerationMode
+from schemathesis.core.transport import Response
 
 from arbiter.openapi import OPENAPI_DIR
 from arbiter.procs import free_port
@@ -51,7 +52,7 @@ def judge_fuzz_url(log_dir: Path) -> Iterator[str]:
     proc.stop()
 
 
-def _check(response: requests.Response, where: str) -> None:
+def _check(response: Response, where: str) -> None:
     if where == "GET /readyz" and response.status_code == 503:
         Readiness.model_validate_json(response.content)  # not ready: documented, not an error
         return
