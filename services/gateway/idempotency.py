@@ -85,6 +85,7 @@ class Idempotency:
         self.wait_s = wait_s
         self._claim = redis.register_script(CLAIM_LUA)
         self._release = redis.register_script(RELEASE_LUA)
+        self._undoing: set[asyncio.Task[None]] = set()
 
     async def begin(
         self, team: str, key: str, method: str, path: str, body: bytes
@@ -98,7 +99,7 @@ class Idempotency:
         deadline = time.monotonic() + self.wait_s
         try:
             while True:
-                found = await self._claim(keys=[entry], args=[pending, PENDING_TTL_S])
+                found = await self._try_claim(entry, pending)
                 if found is None:
                     return Claim(entry, pending)
                 state, stored, rest = found[:1], found[1:65], found[65:]
@@ -123,6 +124,25 @@ class Idempotency:
             REDIS_ERRORS.labels("idempotency").inc()
             log.warning("idempotency check failed (%s); scoring without it", type(exc).__name__)
             return None
+
+    async def _try_claim(self, entry: str, pending: bytes) -> bytes | None:
+        """One claim round trip. If the request is cancelled (its client left) while the
+        script is on its way, the claim may still have been made: it is released as soon as
+        the script's answer arrives, so a retry never waits for a claim nobody holds."""
+        call = asyncio.ensure_future(self._claim(keys=[entry], args=[pending, PENDING_TTL_S]))
+        try:
+            found: bytes | None = await asyncio.shield(call)
+        except asyncio.CancelledError:
+
+            def undo(done: asyncio.Future[bytes | None]) -> None:
+                if not done.cancelled() and done.exception() is None and done.result() is None:
+                    task = asyncio.ensure_future(self.release(Claim(entry, pending)))
+                    self._undoing.add(task)
+                    task.add_done_callback(self._undoing.discard)
+
+            call.add_done_callback(undo)
+            raise
+        return found
 
     async def finish(self, claim: Claim, body: bytes) -> None:
         """Store the answer for ``ttl_s``; replaces the pending claim."""
