@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--samples", type=int, default=4, help="GSM8K samples to score at start")
     p_up.add_argument("--data", default=None, help="GSM8K dir (default ../shared/data/gsm8k)")
     p_up.add_argument("--once", action="store_true", help="stop after scoring the samples")
+    p_up.add_argument(
+        "--keys", default=None, metavar="FILE", help="turn auth on with this keys file "
+        "(`arbiter keys create`; GATEWAY_KEY_SECRET from the env); default: no auth",
+    )  # fmt: skip
     p_up.set_defaults(func=_cmd_up)
 
     args = parser.parse_args(argv)

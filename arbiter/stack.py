@@ -9,6 +9,10 @@ While it runs, a child that exits is restarted with back-off and logged
 (``arbiter.supervise.Supervisor``); its children never outlive it, even when it is killed
 with SIGKILL (PDEATHSIG and a watchdog process, ``arbiter.supervise``). Redis is bounded
 as in compose: ``--maxmemory 1gb`` (``ARBITER_REDIS_MAXMEMORY``), ``allkeys-lru``.
+
+Without ``--keys FILE`` the gateway runs without auth (every caller is team
+``anonymous``); with it, the gateway reads that keys file (``arbiter keys``) and
+``GATEWAY_KEY_SECRET`` from the environment, and the banner says which.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -46,6 +51,8 @@ def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
     env["gateway"]["REDIS_URL"] = f"redis://127.0.0.1:{args.redis_port}/0"
     if getattr(args, "host", None):  # only the gateway is public; the rest stay on loopback
         env["gateway"]["GATEWAY_HOST"] = args.host
+    if getattr(args, "keys", None):  # auth on: GATEWAY_KEY_SECRET comes from the environment
+        env["gateway"]["GATEWAY_KEYS_FILE"] = str(Path(args.keys).resolve())
     if args.judge_base_url:
         env["judge"]["JUDGE_BASE_URL"] = args.judge_base_url
     if args.judge_model:
@@ -94,7 +101,9 @@ def _fmt(value: float | None) -> str:
 
 def score_samples(gateway: str, data_dir: Path, n: int, recipe: str) -> None:
     body = {"recipe": recipe, "groups": sample_groups(data_dir, n)}
-    r = httpx.post(f"{gateway}/v1/score", json=body, timeout=120)
+    key = os.environ.get("ARBITER_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.post(f"{gateway}/v1/score", json=body, headers=headers, timeout=120)
     r.raise_for_status()
     out = r.json()
     print(f"\nrecipe {out['recipe']['name']} ({out['recipe']['fingerprint'][:19]}…)")
@@ -111,6 +120,11 @@ def up(args: argparse.Namespace) -> int:
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
     data_dir = Path(args.data) if args.data else REPO.parent / "shared" / "data" / "gsm8k"
+    keys = getattr(args, "keys", None)
+    if keys and not Path(keys).is_file():
+        log.error("--keys %s: no such file; create it with "
+                  "`arbiter keys create --team NAME --file %s`", keys, keys)  # fmt: skip
+        return 1
     procs = _plan(args, logs)
     busy = [f"{p.name}:{p.port}" for p in procs if p.port is not None and not _port_free(p.port)]
     if busy:
@@ -131,7 +145,9 @@ def up(args: argparse.Namespace) -> int:
             proc.wait_ready(timeout=180)
         gateway = f"http://127.0.0.1:{procs[-1].port}"
         recipe = "gsm8k-diverse" if not args.no_embedding else "gsm8k"
-        if data_dir.exists() and args.samples > 0:
+        if keys and not os.environ.get("ARBITER_API_KEY") and args.samples > 0:
+            log.warning("auth is on and ARBITER_API_KEY is unset; skipping the sample scores")
+        elif data_dir.exists() and args.samples > 0:
             score_samples(gateway, data_dir, args.samples, recipe)
         else:
             log.warning("GSM8K not found at %s; skipping the sample scores", data_dir)
@@ -141,7 +157,14 @@ def up(args: argparse.Namespace) -> int:
             host = args.host if proc.name == "gateway" and getattr(args, "host", None) else None
             where = f"{scheme}://{host or '127.0.0.1'}:{proc.port}"
             print(f"  {proc.name:<10} {where}   log: {proc.log_path}")
-        print(f"  API docs   {gateway}/docs\nCtrl-C stops everything.", flush=True)
+        print(f"  API docs   {gateway}/docs")
+        if keys:
+            print(f"  auth       on: every /v1/* call needs a key from {keys} "
+                  "(Authorization: Bearer <key>)")  # fmt: skip
+        else:
+            print("  auth       off: anyone who reaches the gateway may score "
+                  "(arbiter up --keys FILE turns it on)")  # fmt: skip
+        print("Ctrl-C stops everything.", flush=True)
         if not args.once:
             supervisor = Supervisor(started)  # a child that exits is restarted, with back-off
             while not stop.wait(0.5):

@@ -3,6 +3,8 @@ stored, hashes verify in constant time against the right secret only, bad files 
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,22 @@ def test_malformed_keys_never_match(tmp_path: Path) -> None:
     index = KeyIndex(load(path), SECRET)
     for bad in ("", "arb_", key[:-1], key + "0", key.upper(), "Bearer " + key):
         assert index.verify(bad) is None, bad
+
+
+def test_up_with_keys_turns_auth_on_and_says_so(tmp_path: Path, gsm8k_dir: Path) -> None:
+    from tests.arbiter.test_stack import _up_argv
+
+    path = tmp_path / "keys.yaml"
+    key, _ = create(path, "local", secret=SECRET)
+    env = {**os.environ, "GATEWAY_KEY_SECRET": SECRET, "ARBITER_API_KEY": key}
+    argv, _ = _up_argv(tmp_path, gsm8k_dir, "--once", "--no-embedding", "--keys", str(path))
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "auth       on" in done.stdout and str(path) in done.stdout
+    assert "math_accuracy=1.000" in done.stdout  # the samples were scored with the key
+    log = (tmp_path / "logs" / "gateway.log").read_text()
+    assert "auth=on" in log and key.rsplit("_", 1)[1] not in log
+    # without --keys: no auth, and the banner says that too
+    argv, _ = _up_argv(tmp_path, gsm8k_dir, "--once", "--no-embedding", "--samples", "0")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "auth       off" in done.stdout, done.stdout + done.stderr
