@@ -237,6 +237,22 @@ def to_number(candidate: str) -> Number | None:
     return Number(value, percent=pct is not None)
 
 
+_LONG_INTEGER = re.compile(r"[-+]?\d+")
+
+
+def long_integer(candidate: str) -> str | None:
+    """A plain integer too long for ``to_number``, as canonical digits (``-`` kept, leading
+    zeros dropped); else None. Linear time: a 100,000-digit answer is compared here as a
+    string instead of costing a pool worker seconds of math-verify."""
+    s = clean(candidate)
+    if len(s) <= MAX_FAST_DIGITS or _LONG_INTEGER.fullmatch(s) is None:
+        return None
+    digits = s.lstrip("+-").lstrip("0")
+    if not digits:
+        return "0"
+    return "-" + digits if s[0] == "-" else digits
+
+
 def numbers_equal(gold: Number, pred: Number, rel_tolerance: float) -> bool:
     """Exact when both are integers; within ``rel_tolerance`` (relative) otherwise."""
     for g in gold.candidates():

@@ -1,13 +1,32 @@
-"""A small process pool for math-verify with a wall-clock deadline per item.
+"""A small process pool for math-verify: a wall-clock deadline per item, fair across requests.
 
 Why not ``concurrent.futures.ProcessPoolExecutor``: killing one of its workers breaks the
-whole executor. Here each worker is a process with its own pipe; one asyncio task per
+whole executor. Here each worker is a process with its own socket; one asyncio task per
 worker ("slot") takes a chunk of queued items, sends it in one message and waits for the
 one reply. The worker writes ``(start time, index)`` of the item it is on into a shared
 array, so the slot knows the exact deadline of the running item without a message per
 item. Past the deadline the slot kills the worker, answers that item ``timeout``, puts the
-rest of the chunk back at the front of the queue and starts a replacement; the other
-workers keep serving.
+rest of the chunk back in the queue and starts a replacement; the other workers keep
+serving.
+
+Transport: the event loop (uvloop under uvicorn) owns the parent's end of each socket and
+makes it non-blocking, so a blocking ``Connection.send`` of a large chunk would raise
+``BlockingIOError`` half-way. The parent therefore writes and reads with asyncio streams
+(partial writes and reads are the loop's business), in ``multiprocessing.Connection``'s
+own framing, so the worker keeps its plain blocking ``recv``/``send``. A big item costs
+the time to copy it and at most its deadline; it never looks like a dead worker.
+
+Fairness: every ``submit`` is a request with its own queue, charged with the worker time
+its items took (a killed item: its deadline). A chunk is filled from every request with
+items queued, a share each, the least charged first: a new request's items lead the next
+chunk taken, however many items others queued before it or however slow theirs are. And a
+slot whose chunk has run for
+``yield_after_s`` while other items wait raises a flag in the shared array: the worker
+stops after its current item and sends what it has; the rest goes back to the queue. So
+one request's items delay another's by at most the running item (≤ its deadline), however
+many it sent. ``cancel`` drops a request's queued items and flags chunks holding its items;
+an item already running is left to finish or to its deadline (killing it would cost a
+respawn for at most one item's time).
 
 Workers start from a forkserver that has math-verify preloaded (a replacement is ready in
 milliseconds), or with ``spawn``.
@@ -21,6 +40,9 @@ import itertools
 import logging
 import math
 import multiprocessing as mp
+import pickle
+import socket
+import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,7 +54,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from arbiter.errors import ItemResult
 from arbiter.proto.errors import ErrorKind
-from arbiter.services.verify.worker import Item, worker_main
+from arbiter.services.verify.worker import RUNNING, STARTED, YIELD, Item, worker_main
 
 log = logging.getLogger("arbiter.verify.pool")
 
@@ -45,25 +67,66 @@ CHUNK_SECONDS = Histogram(
     "Wall time of one chunk sent to a worker.",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+ITEMS_RUN = Counter("verify_pool_items_run_total", "Items a pool worker started scoring.")
+ITEMS_DROPPED = Counter(
+    "verify_pool_items_dropped_total",
+    "Queued items never run because their request was cancelled (its client left).",
+)
+YIELDS = Counter(
+    "verify_pool_yields_total",
+    "Chunks a worker handed back early so that other requests' items could run.",
+)
 
 _EOF = object()
+# Charged to a request per item when its chunk is taken (its real time is added after).
+_TAKE_CHARGE_S = 0.001
 _READY_TIMEOUT_S = 60.0
+_READ_LIMIT = 1 << 20
 
 
-@dataclass
+@dataclass(eq=False)
+class Ticket:
+    """One request's items in the pool: its own queue, and the futures of its results."""
+
+    futures: list[asyncio.Future[ItemResult]]
+    jobs: deque[Job] = field(default_factory=deque)
+    charge: float = 0.0  # worker seconds its items have taken so far
+    cancelled: bool = False
+
+
+@dataclass(eq=False)
 class Job:
     item: Item
     future: asyncio.Future[ItemResult]
+    ticket: Ticket
 
 
-@dataclass
+@dataclass(eq=False)
 class _Worker:
     proc: BaseProcess
-    conn: Connection
-    # RawArray('d', 2): [index of the running item (-1: not started, len: sending), its start]
+    writer: asyncio.StreamWriter
+    # RawArray('d', 3): [index of the running item (-1: not started, len: sending),
+    # its start time, the "stop after this item" flag] (see worker.py)
     shared: Any
     inbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
-    dead: bool = False  # its pipe reached EOF
+    reader: asyncio.Task[None] | None = None
+    dead: bool = False  # its socket reached EOF
+    chunk: list[Job] = field(default_factory=list)  # the chunk it is running
+
+
+def _frame(msg: Any) -> bytes:
+    """``msg`` in ``multiprocessing.Connection``'s framing (what the worker's recv reads)."""
+    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+    n = len(data)
+    header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
+    return header + data
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> Any:
+    (n,) = struct.unpack("!i", await reader.readexactly(4))
+    if n == -1:
+        (n,) = struct.unpack("!Q", await reader.readexactly(8))
+    return pickle.loads(await reader.readexactly(n))
 
 
 class WorkerPool:
@@ -74,15 +137,18 @@ class WorkerPool:
         mv_timeout_s: int,
         max_chunk: int = 32,
         start_method: str = "forkserver",
+        yield_after_s: float = 0.05,
     ) -> None:
         self.size = size
         self.deadline_s = deadline_s
         self.mv_timeout_s = mv_timeout_s
         self.max_chunk = max_chunk
+        self.yield_after_s = yield_after_s
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
-            self._ctx.set_forkserver_preload(["arbiter.services.verify.worker"])
-        self._queue: deque[Job] = deque()
+            self._ctx.set_forkserver_preload(["arbiter.services.verify.warmup"])
+        self._waiting: dict[Ticket, None] = {}  # requests with queued items, in arrival order
+        self._queued = 0
         self._has_work = asyncio.Event()
         self._workers: list[_Worker | None] = [None] * size
         self._tasks: list[asyncio.Task[None]] = []
@@ -93,9 +159,7 @@ class WorkerPool:
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        workers = await asyncio.gather(*(asyncio.to_thread(self._spawn) for _ in range(self.size)))
-        for i, w in enumerate(workers):
-            self._attach(i, w)
+        await asyncio.gather(*(self._start_worker(i) for i in range(self.size)))
         self._tasks = [asyncio.create_task(self._slot(i)) for i in range(self.size)]
         log.info("verify pool: %d workers (%s)", self.size, self._ctx.get_start_method())
 
@@ -110,73 +174,93 @@ class WorkerPool:
         for i, w in enumerate(self._workers):
             if w is not None:
                 with contextlib.suppress(Exception):
-                    w.conn.send(None)
+                    w.writer.write(_frame(None))
                 await self._retire(i, graceful=True)
-        for job in self._queue:
-            if not job.future.done():
-                job.future.set_result(
-                    ItemResult(None, "unavailable", "verify service shutting down")
-                )
-        self._queue.clear()
+        for ticket in self._waiting:
+            for job in ticket.jobs:
+                if not job.future.done():
+                    job.future.set_result(
+                        ItemResult(None, "unavailable", "verify service shutting down")
+                    )
+            ticket.jobs.clear()
+        self._waiting.clear()
+        self._queued = 0
 
     @property
     def queued(self) -> int:
-        return len(self._queue)
+        return self._queued
 
     @property
     def alive(self) -> int:
         return sum(1 for w in self._workers if w is not None and w.proc.is_alive())
 
-    def _spawn(self) -> _Worker:
-        """Start one worker and wait for its hello (runs in a thread: it blocks)."""
-        parent_conn, child_conn = self._ctx.Pipe(duplex=True)
-        shared = self._ctx.RawArray("d", 2)
-        shared[0] = -1.0
+    def _spawn(self) -> tuple[BaseProcess, socket.socket, Any]:
+        """Start one worker process (runs in a thread: forkserver start-up blocks)."""
+        parent_sock, child_sock = socket.socketpair()
+        shared = self._ctx.RawArray("d", 3)
+        shared[RUNNING] = -1.0
+        child_conn = Connection(child_sock.detach())
         proc = self._ctx.Process(  # type: ignore[attr-defined]
             target=worker_main,
             args=(child_conn, shared, self.mv_timeout_s),
             daemon=True,
             name="verify-worker",
         )
-        proc.start()
-        child_conn.close()
-        if not parent_conn.poll(_READY_TIMEOUT_S):
+        try:
+            proc.start()
+        except BaseException:
+            parent_sock.close()
+            raise
+        finally:
+            child_conn.close()
+        return proc, parent_sock, shared
+
+    async def _start_worker(self, slot: int) -> None:
+        """Spawn a worker, wire its socket to the loop, wait for its hello, put it in ``slot``."""
+        proc, sock, shared = await asyncio.to_thread(self._spawn)
+        try:
+            reader, writer = await asyncio.open_unix_connection(sock=sock, limit=_READ_LIMIT)
+        except BaseException:
+            sock.close()
             proc.kill()
-            raise RuntimeError(f"verify worker did not start within {_READY_TIMEOUT_S}s")
-        parent_conn.recv()
-        return _Worker(proc=proc, conn=parent_conn, shared=shared)
-
-    def _attach(self, slot: int, w: _Worker) -> None:
-        loop = asyncio.get_running_loop()
-
-        def readable() -> None:
-            try:
-                while w.conn.poll():
-                    w.inbox.put_nowait(w.conn.recv())
-            except (EOFError, OSError):
-                loop.remove_reader(w.conn.fileno())
-                w.dead = True
-                w.inbox.put_nowait(_EOF)
-                self._has_work.set()  # wake its slot so it is replaced even when idle
-
-        loop.add_reader(w.conn.fileno(), readable)
+            raise
+        w = _Worker(proc=proc, writer=writer, shared=shared)
+        w.reader = asyncio.create_task(self._read(w, reader), name="verify-worker-reader")
+        try:
+            hello = await asyncio.wait_for(w.inbox.get(), _READY_TIMEOUT_S)
+            if hello is _EOF:
+                raise RuntimeError(f"verify worker exited at start (code {proc.exitcode})")
+        except BaseException:
+            self._workers[slot] = w
+            await self._retire(slot)
+            raise
         self._workers[slot] = w
         WORKERS_ALIVE.set(self.alive)
+
+    async def _read(self, w: _Worker, reader: asyncio.StreamReader) -> None:
+        """Move the worker's messages to its inbox; EOF (it died) is a message too."""
+        try:
+            while True:
+                w.inbox.put_nowait(await _read_frame(reader))
+        except (asyncio.IncompleteReadError, OSError, pickle.UnpicklingError, EOFError):
+            w.dead = True
+            w.inbox.put_nowait(_EOF)
+            self._has_work.set()  # wake its slot so it is replaced even when idle
 
     async def _retire(self, slot: int, graceful: bool = False) -> None:
         w = self._workers[slot]
         if w is None:
             return
         self._workers[slot] = None
-        with contextlib.suppress(Exception):
-            asyncio.get_running_loop().remove_reader(w.conn.fileno())
         if graceful:
             await asyncio.to_thread(w.proc.join, 2.0)
         if w.proc.is_alive():
             w.proc.kill()
         await asyncio.to_thread(w.proc.join, 5.0)
+        if w.reader is not None:
+            w.reader.cancel()
         with contextlib.suppress(Exception):
-            w.conn.close()
+            w.writer.close()
         WORKERS_ALIVE.set(self.alive)
 
     async def _replace(self, slot: int, reason: str) -> None:
@@ -185,37 +269,85 @@ class WorkerPool:
         WORKER_RESTARTS.labels(reason).inc()
         while not self._closing:
             try:
-                self._attach(slot, await asyncio.to_thread(self._spawn))
+                await self._start_worker(slot)
                 return
             except Exception:
                 log.exception("could not start a verify worker; retrying in 1 s")
                 await asyncio.sleep(1.0)
 
-    # ------------------------------------------------------------------ work
+    # ------------------------------------------------------------------ queue
 
-    def submit(self, items: list[Item]) -> list[asyncio.Future[ItemResult]]:
+    def submit(self, items: list[Item]) -> Ticket:
+        """Queue one request's items; ``ticket.futures`` give their results, in order."""
         loop = asyncio.get_running_loop()
-        futures: list[asyncio.Future[ItemResult]] = []
+        ticket = Ticket(futures=[])
         for item in items:
             fut: asyncio.Future[ItemResult] = loop.create_future()
-            self._queue.append(Job(item, fut))
-            futures.append(fut)
+            ticket.futures.append(fut)
+            ticket.jobs.append(Job(item, fut, ticket))
         if items:
+            self._queued += len(items)
+            self._waiting[ticket] = None
             self._has_work.set()
-        return futures
+        return ticket
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The request is gone: drop its queued items, ask workers running its items to stop
+        after their current one, and cancel its futures."""
+        ticket.cancelled = True
+        dropped = sum(1 for job in ticket.jobs if not job.future.done())
+        self._queued -= len(ticket.jobs)
+        ticket.jobs.clear()
+        self._waiting.pop(ticket, None)
+        ITEMS_DROPPED.inc(dropped)
+        for w in self._workers:
+            if w is not None and any(job.ticket is ticket for job in w.chunk):
+                w.shared[YIELD] = 1.0
+        for fut in ticket.futures:
+            fut.cancel()
 
     def _take(self) -> list[Job]:
-        while self._queue and self._queue[0].future.done():  # caller went away
-            self._queue.popleft()
-        n = min(self.max_chunk, max(1, math.ceil(len(self._queue) / self.size)))
+        """A chunk: a share from every request with items queued, the least charged first
+        (ties: the earliest), so the head of the chunk is the request served least."""
+        n = min(self.max_chunk, max(1, math.ceil(self._queued / self.size)))
         chunk: list[Job] = []
-        while self._queue and len(chunk) < n:
-            job = self._queue.popleft()
-            if not job.future.done():
-                chunk.append(job)
-        if not self._queue:
+        while self._waiting and len(chunk) < n:
+            order = sorted(self._waiting, key=lambda t: t.charge)
+            for k, ticket in enumerate(order):
+                share = max(1, (n - len(chunk)) // (len(order) - k))
+                while ticket.jobs and share > 0:
+                    job = ticket.jobs.popleft()
+                    self._queued -= 1
+                    if not job.future.done():
+                        chunk.append(job)
+                        share -= 1
+                    elif job.future.cancelled():  # its caller went away
+                        ITEMS_DROPPED.inc()
+                if not ticket.jobs:
+                    del self._waiting[ticket]
+                if len(chunk) >= n:
+                    break
+        for job in chunk:
+            job.ticket.charge += _TAKE_CHARGE_S  # in flight: not free any more
+        if not self._queued:
             self._has_work.clear()
         return chunk
+
+    def _requeue(self, jobs: list[Job]) -> None:
+        """Put jobs back at the head of their own request's queue (order kept)."""
+        for job in reversed(jobs):
+            ticket = job.ticket
+            if job.future.done() or ticket.cancelled:
+                if job.future.cancelled() or ticket.cancelled:
+                    ITEMS_DROPPED.inc()
+                continue
+            ticket.jobs.appendleft(job)
+            self._queued += 1
+            self._waiting[ticket] = None
+        if self._queued:
+            self._has_work.set()
+
+    # ------------------------------------------------------------------ slots
 
     async def _slot(self, slot: int) -> None:
         while not self._closing:
@@ -223,55 +355,89 @@ class WorkerPool:
             if w is None or w.dead or not w.proc.is_alive():
                 await self._replace(slot, "died_idle")
                 continue
-            if not self._queue:
+            if not self._queued:
                 self._has_work.clear()
-                await self._has_work.wait()  # also set when a worker's pipe closes
+                await self._has_work.wait()  # also set when a worker's socket closes
                 continue
             chunk = self._take()
             if chunk:
-                await self._run_chunk(slot, w, chunk)
+                w.chunk = chunk
+                try:
+                    await self._run_chunk(slot, w, chunk)
+                finally:
+                    w.chunk = []
 
     async def _run_chunk(self, slot: int, w: _Worker, chunk: list[Job]) -> None:
-        chunk_id = next(self._chunk_ids)
         sent = time.monotonic()
-        w.shared[0] = -1.0
-        w.shared[1] = sent
-        try:
-            w.conn.send((chunk_id, [job.item for job in chunk]))
-        except (OSError, ValueError):
-            self._requeue(chunk)
-            await self._replace(slot, "died_idle")
-            return
-        getter: asyncio.Task[Any] = asyncio.ensure_future(w.inbox.get())
+        w.shared[RUNNING] = -1.0
+        w.shared[STARTED] = sent
+        w.shared[YIELD] = 0.0
+        flush_at = frozenset(
+            i for i in range(1, len(chunk)) if chunk[i].ticket is not chunk[i - 1].ticket
+        )
+        items = [job.item for job in chunk]
+        w.writer.write(_frame((next(self._chunk_ids), items, flush_at)))
+        yield_at = sent + self.yield_after_s
+        asked = len(chunk) == 1  # nothing to hand back
+        answered = 0  # results received: chunk[:answered]
+        getter: asyncio.Task[Any] | None = None
         try:
             while True:
-                index = int(w.shared[0])  # read the index first, then its start time
-                started = w.shared[1] if index >= 0 else sent
-                remaining = max(started, sent) + self.deadline_s - time.monotonic()
-                if remaining > 0:
-                    await asyncio.wait({getter}, timeout=remaining + 0.005)
+                if getter is None:
+                    getter = asyncio.ensure_future(w.inbox.get())
+                index = int(w.shared[RUNNING])  # read the index first, then its start time
+                started = max(w.shared[STARTED] if index >= 0 else sent, sent)
+                now = time.monotonic()
+                left = started + self.deadline_s - now
+                if left <= 0 and int(w.shared[RUNNING]) == index:
+                    index = max(index, answered)
+                    ITEMS_RUN.inc(index + 1 - answered)  # the stuck one, and any lost
+                    self._fail_at(chunk, index, "timeout", self._timeout_message())
+                    await self._replace(slot, "deadline")
+                    return
+                wait = left if asked else min(left, yield_at - now)
+                if wait > 0:
+                    await asyncio.wait({getter}, timeout=wait + 0.002)
                 if getter.done():
-                    break
-                if int(w.shared[0]) != index:
-                    continue  # moved on to the next item meanwhile
-                self._fail_at(chunk, max(index, 0), "timeout", self._timeout_message())
-                await self._replace(slot, "deadline")
-                return
+                    msg = getter.result()
+                    getter = None
+                    if msg is _EOF:
+                        index = max(int(w.shared[RUNNING]), answered)
+                        ITEMS_RUN.inc(min(index + 1, len(chunk)) - answered)
+                        code = w.proc.exitcode
+                        message = f"verify worker died (exit code {code})"
+                        self._fail_at(chunk, index, "internal", message)
+                        await self._replace(slot, "crashed")
+                        return
+                    answered, done = self._deliver(chunk, msg)
+                    if done:
+                        break
+                    continue
+                if not asked and time.monotonic() >= yield_at:
+                    if self._queued:  # others wait: stop after the current item
+                        w.shared[YIELD] = 1.0
+                        asked = True
+                    else:
+                        yield_at = time.monotonic() + self.yield_after_s
         finally:
-            if not getter.done():
+            if getter is not None and not getter.done():
                 getter.cancel()
-        msg = getter.result()
-        if msg is _EOF:
-            index = max(int(w.shared[0]), 0)
-            code = w.proc.exitcode
-            self._fail_at(chunk, index, "internal", f"verify worker died (exit code {code})")
-            await self._replace(slot, "crashed")
-            return
         CHUNK_SECONDS.observe(time.monotonic() - sent)
-        _, results = msg
-        for job, result in zip(chunk, results, strict=True):
+        if answered < len(chunk):  # handed back early: the rest waits its turn
+            YIELDS.inc()
+            self._requeue(chunk[answered:])
+
+    @staticmethod
+    def _deliver(chunk: list[Job], msg: Any) -> tuple[int, bool]:
+        """Results from the worker to their futures: (results so far, whether it was the
+        chunk's last message)."""
+        _, first, results, seconds, done = msg
+        ITEMS_RUN.inc(len(results))
+        for job, result, took in zip(chunk[first:], results, seconds, strict=False):
+            job.ticket.charge += took
             if not job.future.done():
                 job.future.set_result(result)
+        return first + len(results), done
 
     def _timeout_message(self) -> str:
         return f"no answer within the {self.deadline_s:g} s deadline; worker replaced"
@@ -280,13 +446,7 @@ class WorkerPool:
         """Answer the item at ``index`` with an error; requeue the rest of the chunk."""
         index = min(index, len(chunk) - 1)
         job = chunk[index]
+        job.ticket.charge += self.deadline_s
         if not job.future.done():
             job.future.set_result(ItemResult(None, kind, message))
         self._requeue(chunk[:index] + chunk[index + 1 :])
-
-    def _requeue(self, jobs: list[Job]) -> None:
-        for job in reversed(jobs):
-            if not job.future.done():
-                self._queue.appendleft(job)
-        if self._queue:
-            self._has_work.set()

@@ -1,12 +1,17 @@
 """What runs inside a pool worker process: math-verify with its own timeouts on.
 
-A worker receives a chunk of items ``(gold, pred, rel_tolerance)`` over its pipe, scores
-them one by one and sends back one message with all results. Before each item it writes
-``(start time, item index)`` into a shared array, so the parent can tell which item
-overran its wall-clock deadline without a message per item.
+A worker receives a chunk of items ``(gold, pred, rel_tolerance)`` over its socket, scores
+them one by one and sends back their results and times: one message at the end, plus one
+at each "flush point" the parent marks (where the next request's items start, so that one
+request's results never wait on another's item, nor die with a worker killed for it).
+Before each item it writes ``(start time, item index)`` into a shared array, so the
+parent can tell which item overran its wall-clock deadline without a message per item;
+and it reads the array's "yield" flag: when the parent has raised it (other requests wait,
+or this chunk's request was cancelled) it stops there and sends the results it has.
 
-This module is preloaded in the forkserver, so math-verify and sympy are imported once and
-a replacement worker starts in milliseconds.
+This module is preloaded in the forkserver, and so is ``warm_up`` (which scores a few
+items there once), so math-verify and sympy are imported and their lazy parts built once:
+a replacement worker starts in milliseconds and its first item costs no more than others.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ from arbiter.services.verify.extract import latex_wrap, looks_like_text, numbers
 
 CORRECT, WRONG = ItemResult(1.0), ItemResult(0.0)
 Item = tuple[str, str, float, bool]  # gold, pred, rel_tolerance, always_mv
+# The shared array's slots: the running item's index, its start time, the yield flag.
+RUNNING, STARTED, YIELD = 0, 1, 2
 
 # math-verify logs a warning for every timeout; we report them as results instead.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -115,7 +122,7 @@ def score_item(
 
 
 def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
-    """Serve chunks until the pipe closes or ``None`` arrives."""
+    """Serve chunks until the socket closes or ``None`` arrives."""
     # The parent coordinates shutdown: ignore Ctrl-C's SIGINT, die on SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -127,15 +134,30 @@ def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
             return
         if msg is None:
             return
-        chunk_id, items = msg
+        chunk_id, items, flush_at = msg
+        first = 0  # index of the first result not sent yet
         results: list[ItemResult] = []
+        seconds: list[float] = []  # each item's time, for the pool's fair share
         for i, (gold, pred, rel_tol, always_mv) in enumerate(items):
-            shared[1] = time.monotonic()  # start time first, then the index (see pool.py)
-            shared[0] = float(i)
+            if i and shared[YIELD]:  # hand the rest back (see pool.py)
+                break
+            if i in flush_at and results:  # another request's items start: send these
+                conn.send((chunk_id, first, results, seconds, False))
+                first, results, seconds = i, [], []
+            started = time.monotonic()
+            shared[STARTED] = started  # start time first, then the index
+            shared[RUNNING] = float(i)
             try:
                 results.append(score_item(gold, pred, rel_tol, timeout_s, always_mv))
             except Exception as exc:  # never let one item take the worker down
                 results.append(ItemResult.failed(exc))
-        shared[1] = time.monotonic()  # "sending": index past the end
-        shared[0] = float(len(items))
-        conn.send((chunk_id, results))
+            seconds.append(time.monotonic() - started)
+        shared[STARTED] = time.monotonic()  # "sending": index past the end
+        shared[RUNNING] = float(len(items))
+        conn.send((chunk_id, first, results, seconds, True))
+
+
+def warm_up() -> None:
+    """Score a few items of each kind once (the forkserver calls this at preload)."""
+    for gold, pred in (("5", "\\sqrt{25}"), ("x+1", "1+x"), ("\\frac{1}{2}", "0.5"), ("3", "3!")):
+        score_item(gold, pred, 1e-6, 5, True)

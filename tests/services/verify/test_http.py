@@ -3,7 +3,8 @@
 ``verify_url`` is the shared session instance (default settings, 2 workers). A second
 instance with a 2 s deadline, math-verify's own timeout set above it (so the wall-clock
 kill-and-replace path is what answers), the numeric fast path off (every item goes through
-the pool and math-verify) and a small item limit serves the deadline and limit tests.
+the pool and math-verify) and a small item limit (``strict_url``, conftest.py) serves the
+deadline and limit tests.
 """
 
 from __future__ import annotations
@@ -11,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import os
 import random
-import re
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,33 +21,8 @@ import httpx
 import pytest
 
 from arbiter.procs import ManagedProcess
-from tests.conftest import start_service
 from tests.services.verify.cases import FORMAT_CASES, MATH_CASES, NULL_CASES
-
-DEADLINE_S = 2.0
-MARGIN_S = 4.0  # process kill + replacement + HTTP, on a loaded 2-core machine
-
-
-@pytest.fixture(scope="module")
-def strict_service(log_dir: Path) -> Iterator[tuple[ManagedProcess, str]]:
-    proc, url = start_service(
-        "verify",
-        log_dir,
-        {
-            "VERIFY_WORKERS": "2",
-            "VERIFY_DEADLINE_S": str(DEADLINE_S),
-            "VERIFY_MATH_VERIFY_TIMEOUT_S": "30",
-            "VERIFY_FAST_PATH": "false",
-            "VERIFY_MAX_ITEMS": "64",
-        },
-    )
-    yield proc, url
-    proc.stop()
-
-
-@pytest.fixture(scope="module")
-def strict_url(strict_service: tuple[ManagedProcess, str]) -> str:
-    return strict_service[1]
+from tests.services.verify.conftest import DEADLINE_S, MARGIN_S, STUCK, metric
 
 
 def _descendants(pid: int) -> list[int]:
@@ -73,11 +47,6 @@ def _math(url: str, groups: list[dict[str, Any]], timeout: float = 60.0) -> dict
     assert r.status_code == 200, r.text
     body: dict[str, Any] = r.json()
     return body
-
-
-def _metric(url: str, name: str) -> float:
-    text = httpx.get(f"{url}/metrics").text
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{name}(?:{{.*}})? (\S+)$", text, re.M))
 
 
 @pytest.mark.parametrize("which", ["default", "no_fast_path"])
@@ -138,7 +107,7 @@ def test_groups_echo_ids_and_order(verify_url: str) -> None:
 DEADLINE_CASES = [
     ("\\boxed{7^{123456789}}", "a huge power"),
     ("\\boxed{" + "\\frac{1}{" * 1000 + "2" + "}" * 1000 + "}", "1000 nested fractions"),
-    ("The answer is " + "1" * 100_000, "a 100,000-digit number"),
+    ("1" * 100_000, "a 100,000-digit number (the most characters a response may have)"),
 ]
 
 
@@ -170,15 +139,15 @@ def test_deadline(response: str, why: str, strict_url: str) -> None:
 def test_overrun_kills_and_replaces_worker(strict_url: str) -> None:
     # Two stuck items in one group: both time out (each kills its worker), the others
     # are scored, and the restarts show in /metrics.
-    before = _metric(strict_url, "verify_worker_restarts_total")
-    stuck = DEADLINE_CASES[0][0]
+    before = metric(strict_url, "verify_worker_restarts_total")
+    stuck = STUCK
     start = time.monotonic()
     body = _math(strict_url, [{"reference": "3", "responses": [stuck, "3", stuck, "4", "3"]}])
     assert time.monotonic() - start < 2 * DEADLINE_S + MARGIN_S
     group = body["groups"][0]
     assert group["scores"] == [None, 1.0, None, 0.0, 1.0]
     assert {(e["index"], e["kind"]) for e in group["errors"]} == {(0, "timeout"), (2, "timeout")}
-    assert _metric(strict_url, "verify_worker_restarts_total") >= before + 2
+    assert metric(strict_url, "verify_worker_restarts_total") >= before + 2
 
 
 def test_worker_killed_from_outside_is_replaced(strict_service: tuple[ManagedProcess, str]) -> None:
@@ -187,12 +156,12 @@ def test_worker_killed_from_outside_is_replaced(strict_service: tuple[ManagedPro
     # and readiness and scoring carry on.
     proc, url = strict_service
     assert proc.proc is not None
-    before = _metric(url, "verify_worker_restarts_total")
+    before = metric(url, "verify_worker_restarts_total")
     workers = [p for p in _descendants(proc.proc.pid) if p not in _children(proc.proc.pid)]
     assert len(workers) == 2, workers
     os.kill(workers[0], signal.SIGKILL)
     deadline = time.monotonic() + DEADLINE_S + MARGIN_S
-    while _metric(url, "verify_worker_restarts_total") < before + 1:
+    while metric(url, "verify_worker_restarts_total") < before + 1:
         assert time.monotonic() < deadline, "dead worker not replaced"
         time.sleep(0.1)
     assert httpx.get(f"{url}/readyz").status_code == 200
@@ -266,8 +235,8 @@ def test_ops_endpoints(verify_url: str) -> None:
     assert httpx.get(f"{verify_url}/healthz").json() == {"status": "ok"}
     assert httpx.get(f"{verify_url}/readyz").json()["checks"] == {"pool": "ok"}
     _math(verify_url, [{"reference": "1", "responses": ["1"]}])
-    assert _metric(verify_url, "verify_items_total") >= 1
-    assert _metric(verify_url, "verify_workers_alive") == 2
+    assert metric(verify_url, "verify_items_total") >= 1
+    assert metric(verify_url, "verify_workers_alive") == 2
 
 
 async def test_concurrent_requests_keep_their_own_results(strict_url: str) -> None:

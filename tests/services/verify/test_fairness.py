@@ -1,0 +1,75 @@
+"""Fair scheduling and cancellation in the verify pool, over HTTP (real uvicorn, real pool).
+
+On the strict instance (conftest.py) every ``STUCK`` item holds a worker for its whole
+2 s deadline and is then killed, so one request of such items would hold both workers
+for 24 s on a first-come-first-served pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+
+from tests.services.verify.conftest import DEADLINE_S, MARGIN_S, STUCK, metric
+
+
+def _body(reference: str, responses: list[str]) -> dict[str, Any]:
+    return {"groups": [{"reference": reference, "responses": responses}], "params": {}}
+
+
+async def _settle(url: str) -> None:
+    """Wait until no item is queued or running (the restarts of the stuck ones are done)."""
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        for _ in range(100):
+            r = await client.post("/v1/math", json=_body("2", ["\\boxed{\\sqrt{4}}"]))
+            if (
+                r.json()["groups"][0]["scores"] == [1.0]
+                and (await client.get("/readyz")).status_code == 200
+            ):
+                return
+            await asyncio.sleep(0.1)
+
+
+async def test_second_client_answered_within_one_deadline(strict_url: str) -> None:
+    # Client A's request holds the pool with 24 stuck items; client B's normal request,
+    # sent half a second later, is answered within one deadline (plus the kill and
+    # respawn of A's running items), not after A's 24 deadlines. Then A leaves.
+    async with (
+        httpx.AsyncClient(base_url=strict_url, timeout=120) as a,
+        httpx.AsyncClient(base_url=strict_url, timeout=120) as b,
+    ):
+        hog = asyncio.create_task(a.post("/v1/math", json=_body("3", [STUCK] * 24)))
+        await asyncio.sleep(0.5)
+        start = time.monotonic()
+        r = await b.post(
+            "/v1/math", json=_body("5", [f"\\boxed{{\\sqrt{{{i * i}}}}}" for i in range(8)])
+        )
+        elapsed = time.monotonic() - start
+        assert r.json()["groups"][0]["scores"] == [1.0 if i == 5 else 0.0 for i in range(8)]
+        assert elapsed < DEADLINE_S + MARGIN_S, f"{elapsed:.1f}s"
+        assert not hog.done()  # A is still being served, its items one deadline each
+        hog.cancel()
+    await _settle(strict_url)
+
+
+async def test_disconnected_client_items_not_run(strict_url: str) -> None:
+    # A client sends 30 stuck items and hangs up after a second: the two items running
+    # by then finish at their deadline; the other 28 are dropped, never run.
+    await _settle(strict_url)
+    run0 = metric(strict_url, "verify_pool_items_run_total")
+    dropped0 = metric(strict_url, "verify_pool_items_dropped_total")
+    cancelled0 = metric(strict_url, "arbiter_http_cancelled_total")
+    async with httpx.AsyncClient(base_url=strict_url, timeout=120) as client:
+        task = asyncio.create_task(client.post("/v1/math", json=_body("3", [STUCK] * 30)))
+        await asyncio.sleep(1.0)
+        task.cancel()
+    await asyncio.sleep(DEADLINE_S + 1.0)  # the running ones reach their deadline
+    ran = metric(strict_url, "verify_pool_items_run_total") - run0
+    dropped = metric(strict_url, "verify_pool_items_dropped_total") - dropped0
+    assert metric(strict_url, "arbiter_http_cancelled_total") == cancelled0 + 1
+    assert ran <= 2, ran  # one per worker: the items running when the client left
+    assert dropped >= 28, dropped
+    await _settle(strict_url)
