@@ -17,6 +17,10 @@ from arbiter.proto.components import ScoreGroup
 from arbiter.services.gateway.cache import Cache, Value
 from arbiter.services.gateway.plan import ComponentScores
 
+# Keys per cache round trip: one MGET for a usual request; a maximal one (1,024 x 256
+# responses, two components) in 32, so packing half a million keys never holds the loop.
+CHUNK_KEYS = 16_384
+
 CACHE_LOOKUPS = Counter(
     "arbiter_gateway_cache_total",
     "Component scores looked up in the cache.",
@@ -27,9 +31,12 @@ CACHE_LOOKUPS = Counter(
 async def lookup(
     cache: Cache, pending: dict[str, str], comps: list[ComponentScores], groups: list[ScoreGroup]
 ) -> None:
-    """Fill cached scores of ``comps`` in place with one ``get_many`` (one Redis MGET)."""
+    """Fill cached scores of ``comps`` in place: one ``get_many`` (Redis MGET) per
+    ``CHUNK_KEYS`` keys."""
     flat = [k for c in comps for keys in c.keys for k in keys]
-    values = await cache.get_many(flat)
+    values: list[Value | None] = []
+    for i in range(0, len(flat), CHUNK_KEYS):  # a maximal request: the loop runs between
+        values.extend(await cache.get_many(flat[i : i + CHUNK_KEYS]))
     if pending:
         values = [pending.get(k) if v is None else v for k, v in zip(flat, values, strict=True)]
     pos = 0

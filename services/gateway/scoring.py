@@ -21,7 +21,7 @@ import asyncio
 import time
 from collections import Counter as Tally
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from typing import NamedTuple, ParamSpec, TypeVar
 
 from prometheus_client import Counter
 
@@ -31,7 +31,7 @@ from arbiter.proto.gateway import ScoreRequest
 from arbiter.services.common.app import NON_BLOCKING_PREFIXES
 from arbiter.services.gateway.cache import Cache
 from arbiter.services.gateway.fanout import ComponentClient, not_configured
-from arbiter.services.gateway.lookup import lookup
+from arbiter.services.gateway.lookup import CHUNK_KEYS, lookup
 from arbiter.services.gateway.merge import failure_error, merge
 from arbiter.services.gateway.misses import Call, call, chunks, misses
 from arbiter.services.gateway.plan import ComponentScores, plan
@@ -45,6 +45,16 @@ REQUESTS = Counter(
 )  # fmt: skip
 
 MAX_PENDING = 200_000
+# Responses from which a request's CPU-bound steps leave the event loop (see _score);
+# below it the thread hop costs more than the step.
+THREAD_RESPONSES = 4096
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+async def _inline(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R:
+    return fn(*args, **kwargs)
 
 
 class Scored(NamedTuple):
@@ -88,11 +98,16 @@ class Scorer:
         start = time.perf_counter()
         recipe = self.book.get(req.recipe)  # 422 for an unknown recipe or bad params
         scope = None if recipe.ref.cache == "shared" else team
-        comps = plan(recipe, req.groups, scope)
+        # A big request's CPU-bound steps run on a worker thread: the event loop, which gets
+        # the GIL back every few ms, keeps answering other callers meanwhile (a maximal
+        # request stalled them for seconds when every step ran on the loop).
+        n = sum(len(g.responses) for g in req.groups)
+        run = asyncio.to_thread if n >= THREAD_RESPONSES else _inline
+        comps = await run(plan, recipe, req.groups, scope)
         await self._lookup(comps, req.groups)
-        calls, failures = self._calls(comps, req.groups)
+        calls, failures = await run(self._calls, comps, req.groups)
         results = await asyncio.gather(*(self.client.call(c.spec, c.body) for c in calls))
-        merged = merge(comps, calls, results)
+        merged = await run(merge, comps, calls, results)
         merged.failures[:0] = failures
         if not self.cache_enabled:
             merged.writes.clear()
@@ -100,7 +115,7 @@ class Scorer:
             await self.store(merged.writes)
             raise failure_error(merged.failures)
         self._remember(merged.writes)
-        body = render(recipe, req.groups, comps, merged, time.perf_counter() - start)
+        body = await run(render, recipe, req.groups, comps, merged, time.perf_counter() - start)
         counts = None
         if self.after is not None:
             counts = tally(comps, req.groups, merged.prompt_tokens, merged.completion_tokens)
@@ -137,7 +152,8 @@ class Scorer:
     async def store(self, writes: list[tuple[str, str]]) -> None:
         """Write new scores to the cache; runs after the response has been sent."""
         try:
-            await self.cache.set_many(writes)
+            for i in range(0, len(writes), CHUNK_KEYS):  # the loop runs between round trips
+                await self.cache.set_many(writes[i : i + CHUNK_KEYS])
         finally:
             for key, value in writes:
                 if self._pending.get(key) == value:
