@@ -112,8 +112,8 @@ class GatewaySettings(ServiceSettings):
     keys_file: Path | None = Field(
         default=None,
         description="Keys file written by `arbiter keys` (in k8s a mounted Secret): every "
-        "/v1/* call needs Authorization: Bearer <key>. Unset = no auth (every caller is team "
-        "anonymous). Changes are picked up without a restart.",
+        "/v1/* call needs Authorization: Bearer <key>. Unset or empty = no auth (every caller is "
+        "team anonymous). Changes are picked up without a restart.",
     )
     key_secret: SecretStr = Field(
         default=SecretStr(DEV_SECRET),
@@ -187,6 +187,11 @@ class GatewaySettings(ServiceSettings):
                 raise ValueError(f"GATEWAY_COMPONENT_URLS[{name!r}]={url!r} is not an http(s) URL")
             out[name] = url.rstrip("/")
         return out
+
+    @field_validator("keys_file", mode="before")
+    @classmethod
+    def _no_keys_file(cls, value: Any) -> Any:
+        return None if isinstance(value, str) and not value.strip() else value  # empty = off
 
     @field_validator("keys_file")
     @classmethod

@@ -155,8 +155,13 @@ def compose_env(service: dict[str, Any]) -> dict[str, str | None]:
 
 
 def substitute_default(value: str) -> str:
-    """`${VAR:-default}` → default (the value compose uses when .env does not set VAR)."""
+    """`${VAR:-default}` → default (the value compose uses when .env does not set VAR);
+    `${VAR:?why}` (compose refuses to start without it) → a stand-in for the user's value."""
+    value = re.sub(r"\$\{(\w+):\?[^}]*\}", lambda m: f"{USER_GIVEN}{m.group(1)}", value)
     return re.sub(r"\$\{(\w+)(?::?-([^}]*))?\}", lambda m: m.group(2) or "", value)
+
+
+USER_GIVEN = "given-by-the-user-in-env:"  # long enough for a secret
 
 
 def compose_variables(text: str) -> set[str]:

@@ -46,6 +46,8 @@ COMPOSE_LEVEL = {
     "ARBITER_GATEWAY_PORT": "Host port the gateway is published on.",
     "ARBITER_RECIPES_FILE": "Extra recipes mounted into the gateway (GATEWAY_RECIPES_FILE).",
     "ARBITER_REDIS_MAXMEMORY": "Redis memory cap (least recently used keys are evicted).",
+    "ARBITER_KEYS_DIR": "Directory holding keys.yaml (`arbiter keys`), mounted into the "
+    "gateway; keep it outside the checkout in production.",
     "ARBITER_EMBEDDING_TARGET": "Dockerfile target of the embedding image: embedding-cpu "
     "or embedding (CUDA).",
     "ARBITER_HF_HUB_OFFLINE": "HF_HUB_OFFLINE of embedding and trainer: 0 lets them download "
@@ -68,6 +70,8 @@ COMPOSE_LEVEL = {
     "trainer-runs volume.",
     "ARBITER_DATA_DIR": "Host directory with gsm8k/{train,test}.jsonl, mounted read-only at /data.",
     "HF_TOKEN": "Hugging Face token, for gated or private models (vllm, embedding, trainer).",
+    "ARBITER_API_KEY": "The trainer's API key for the gateway (profile train; "
+    "`arbiter keys create --team NAME`).",
 }
 
 
@@ -97,6 +101,10 @@ def generate() -> str:
             if raw is not None and "${" not in raw:
                 continue  # fixed by docker-compose.yml
             value = substitute_default(raw) if raw is not None else info.defaults[field]
+            required = raw is not None and ":?" in raw  # compose refuses to start without it
+            if required:
+                value = ""
+                lines.append("# REQUIRED: docker compose does not start without it.")
             if info.descriptions[field]:
                 lines.append(f"# {info.descriptions[field]}")
             lines.append(f"# {name}={value}")

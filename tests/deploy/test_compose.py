@@ -257,8 +257,8 @@ def test_compose_service_has_real_settings_and_its_settings_port(
     for mount in svc.get("volumes", []):
         source, target = substitute_default(mount).split(":")[:2]
         for k, v in values.items():
-            if v == target and source.startswith("."):
-                values[k] = str(REPO / source)
+            if source.startswith(".") and (v == target or v.startswith(target + "/")):
+                values[k] = str(REPO / source) + v[len(target) :]  # a file or one inside a dir
     check_settings(service, values, monkeypatch, where)
 
 
@@ -274,4 +274,21 @@ def test_env_example_values_are_accepted(
             values[k] = v  # fixed by compose
     if "GATEWAY_RECIPES_FILE" in values:
         values["GATEWAY_RECIPES_FILE"] = str(REPO / "docker" / "recipes.yaml")
+    if "GATEWAY_KEYS_FILE" in values:
+        values["GATEWAY_KEYS_FILE"] = str(REPO / "docker" / "keys" / "keys.yaml")
+    if service == "gateway":  # compose refuses to start without it: the user sets it
+        values["GATEWAY_KEY_SECRET"] = substitute_default("${GATEWAY_KEY_SECRET:?}")
     check_settings(service, values, monkeypatch, f".env.example ({service})")
+
+
+def test_only_the_gateway_is_published_and_auth_is_on(compose: dict[str, Any]) -> None:
+    for name, svc in compose["services"].items():
+        for port in svc.get("ports", []):
+            # the gateway is the public API; monitoring UIs bind to the host's loopback only
+            assert name == "gateway" or str(port).startswith("127.0.0.1:"), (name, port)
+    env = compose_env(compose["services"]["gateway"])
+    assert substitute_default(env["GATEWAY_ENVIRONMENT"] or "") == "production"
+    assert substitute_default(env["GATEWAY_KEYS_FILE"] or "") == "/etc/arbiter/keys/keys.yaml"
+    assert ":?" in (env["GATEWAY_KEY_SECRET"] or ""), "compose must refuse to start without it"
+    mounts = [substitute_default(m) for m in compose["services"]["gateway"]["volumes"]]
+    assert "./docker/keys:/etc/arbiter/keys:ro" in mounts  # a directory: replaced files seen

@@ -34,7 +34,7 @@ KUSTOMIZE_DIRS = sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
 TARGETS = ["base", *(f"overlays/{o}" for o in OVERLAYS)]
 HPA_FOR = {"gateway", "verify", "embedding"}
 # Secrets an overlay expects to exist already (created out of band, never rendered).
-EXTERNAL_SECRETS = {"overlays/prod": {"arbiter-api-keys"}}
+EXTERNAL_SECRETS = {"overlays/prod": {"arbiter-api-keys", "arbiter-gateway-keys"}}
 GPU = "nvidia.com/gpu"
 
 
@@ -290,20 +290,64 @@ def test_deployment_serves_on_its_settings_port_with_real_settings(
     names = {e["name"] for e in container.get("env", [])}
     assert not unknown_names(service, names), f"{where}: env {unknown_names(service, names)}"
     env = container_env(container)
-    for e in container.get("env", []):  # a Secret's value: any string will do
-        if "secretKeyRef" in e.get("valueFrom", {}):
-            env[e["name"]] = "from-a-secret"
-    # ConfigMap volumes written out, so a path in the env points at the real file
+    for e in container.get("env", []):  # a Secret's value: any string will do (a long one:
+        if "secretKeyRef" in e.get("valueFrom", {}):  # a production secret has 32 or more)
+            env[e["name"]] = "from-a-secret-created-out-of-band-" + "x" * 32
+    # ConfigMap and Secret volumes written out, so a path in the env points at a real file
+    # (a Secret created out of band, as prod's: an empty keys file stands in)
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"].get("volumes", [])}
     for mount in container.get("volumeMounts", []):
-        configmap = volumes[mount["name"]].get("configMap")
-        if configmap is None:
+        volume = volumes[mount["name"]]
+        if "configMap" in volume:
+            files = res[("ConfigMap", volume["configMap"]["name"])]["data"]
+        elif "secret" in volume:
+            secret = res.get(("Secret", volume["secret"]["secretName"]))
+            files = secret["stringData"] if secret else {"keys.yaml": "keys: []\n"}
+        else:
             continue
         local = tmp_path / mount["name"]
         local.mkdir()
-        for key, text in res[("ConfigMap", configmap["name"])]["data"].items():
+        for key, text in files.items():
             (local / key).write_text(text)
         for k, v in env.items():
             if v.startswith(mount["mountPath"] + "/"):
                 env[k] = str(local / v[len(mount["mountPath"]) + 1 :])
     check_settings(service, env, monkeypatch, where)
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    if not _selects(selector.get("matchLabels", {}), labels):
+        return False
+    return all(
+        e["operator"] == "In" and labels.get(e["key"]) in e["values"]
+        for e in selector.get("matchExpressions", [])
+    )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_only_the_gateway_reaches_the_components(target: str, rendered: Any) -> None:
+    res = rendered[target]
+    policies = [r for (kind, _), r in res.items() if kind == "NetworkPolicy"]
+
+    def callers(name: str) -> set[str] | None:
+        """The pods allowed in (None: no policy selects it, anyone may connect)."""
+        labels = {"app.kubernetes.io/name": name}
+        selecting = [p for p in policies if _matches(p["spec"]["podSelector"], labels)]
+        if not selecting:
+            return None
+        out: set[str] = set()
+        for policy in selecting:
+            assert policy["spec"]["policyTypes"] == ["Ingress"], policy["metadata"]["name"]
+            for rule in policy["spec"].get("ingress", []):
+                for peer in rule["from"]:  # a rule without `from` would let everyone in
+                    if "podSelector" in peer:
+                        out.add(peer["podSelector"]["matchLabels"]["app.kubernetes.io/name"])
+                    else:  # Prometheus, scraping /metrics
+                        ns = peer["namespaceSelector"]["matchLabels"]
+                        assert ns == {"kubernetes.io/metadata.name": "monitoring"}, peer
+        return out
+
+    for name in ("verify", "embedding", "judge", "redis"):
+        assert callers(name) == {"gateway"}, name
+    assert callers("vllm") == {"judge"}
+    assert callers("gateway") is None  # the public API
