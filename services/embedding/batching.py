@@ -7,6 +7,15 @@ the rows back: every job gets exactly its own rows, in its own order. A job larg
 a batch is split across batches. While the worker encodes, new texts queue up and form
 the next batch, so a busy service runs back-to-back full batches.
 
+Fair: a batch is filled round-robin, an equal share from every queued job, and a job
+with texts left goes to the back of the line; so a request of 2,048 texts delays one of
+8 texts by at most the batch being encoded, not by all of its own batches. A job whose
+caller went away (its request was cancelled) is dropped from the queue.
+
+Isolated: when a batch fails (a text the tokenizer refuses, a fault), each of its jobs is
+encoded again on its own, so only the job that fails alone gets the error; when the
+others then succeed, that job's error is a 422 (its input could not be embedded).
+
 With a ``prepare`` step (tokenization, see ``Encoder.prepare``) the batcher pipelines:
 batch k+1 is collected and prepared on a second thread while batch k's forward passes
 run on the encode thread, so the model never waits for the tokenizer (on a GPU the
@@ -28,6 +37,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
+from arbiter.errors import Unprocessable
 from arbiter.services.embedding.encoder import Encoded
 
 log = logging.getLogger("arbiter.embedding")
@@ -62,6 +72,10 @@ TEXTS = Counter("arbiter_embedding_texts_total", "Texts embedded (rate() gives t
 TOKENS = Counter("arbiter_embedding_tokens_total", "Tokens embedded, after truncation.")
 TRUNCATED = Counter("arbiter_embedding_truncated_total", "Texts cut to max_seq_length.")
 QUEUED = Gauge("arbiter_embedding_queued_texts", "Texts waiting for a batch.")
+ISOLATED = Counter(
+    "arbiter_embedding_isolated_failures_total",
+    "Requests that failed alone after their batch failed and each was encoded again on its own.",
+)
 
 EncodeFn = Callable[[Any], Encoded]  # texts → rows; or prepare()'s output → rows
 PrepareFn = Callable[[list[str]], Any]
@@ -149,21 +163,27 @@ class DynamicBatcher:
         return await job.future
 
     def _take(self, batch: _Batch) -> None:
-        """Move queued texts into ``batch`` until it is full or the queue is empty."""
-        while self._jobs and len(batch.texts) < self.max_batch_texts:
-            job = self._jobs[0]
-            if job.future.done():  # the caller went away (cancelled): skip its texts
-                self._jobs.popleft()
-                self._queued -= len(job.texts) - job.next_index
-                continue
-            take = min(len(job.texts) - job.next_index, self.max_batch_texts - len(batch.texts))
-            start = job.next_index
-            batch.parts.append((job, start, len(batch.texts), take))
-            batch.texts.extend(job.texts[start : start + take])
-            job.next_index += take
-            self._queued -= take
-            if job.next_index == len(job.texts):
-                self._jobs.popleft()
+        """Move queued texts into ``batch`` until it is full or the queue is empty: an equal
+        share from each job in turn; a job with texts left goes to the back of the line."""
+        cap = self.max_batch_texts
+        while self._jobs and len(batch.texts) < cap:
+            in_line = len(self._jobs)
+            for k in range(in_line):
+                if len(batch.texts) >= cap:
+                    break
+                job = self._jobs.popleft()
+                left = len(job.texts) - job.next_index
+                if job.future.done():  # the caller went away (cancelled): skip its texts
+                    self._queued -= left
+                    continue
+                take = min(left, max(1, (cap - len(batch.texts)) // (in_line - k)))
+                start = job.next_index
+                batch.parts.append((job, start, len(batch.texts), take))
+                batch.texts.extend(job.texts[start : start + take])
+                job.next_index += take
+                self._queued -= take
+                if job.next_index < len(job.texts):
+                    self._jobs.append(job)
         QUEUED.set(self._queued)
 
     async def _collect(self) -> _Batch:
@@ -204,7 +224,10 @@ class DynamicBatcher:
                         self._prep_worker, self._prepare, batch.texts
                     )
                 except Exception as exc:
-                    self._fail(batch, exc)
+                    if running is not None:  # one forward at a time, batches in order
+                        await running
+                        running = None
+                    await self._isolate(batch, exc)
                     continue
                 PREPARE_SECONDS.observe(time.perf_counter() - started)
                 if running is not None:  # one forward at a time, batches in order
@@ -224,7 +247,7 @@ class DynamicBatcher:
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            self._fail(batch, exc)
+            await self._isolate(batch, exc)
             return
         ENCODE_SECONDS.observe(time.perf_counter() - started)
         TEXTS.inc(len(batch.texts))
@@ -232,12 +255,50 @@ class DynamicBatcher:
         TRUNCATED.inc(int(result.truncated.sum()))
         self._scatter(batch, result)
 
+    async def _isolate(self, batch: _Batch, exc: Exception) -> None:
+        """A batch failed: encode each of its jobs' texts on their own, so that only a job
+        that fails alone gets an error (a 422 when others in the batch succeeded)."""
+        jobs = list({id(job): job for job, *_ in batch.parts}.values())
+        if len(jobs) == 1:
+            log.error("encode failed for a batch of %d texts", len(batch.texts), exc_info=exc)
+            self._set_error(jobs[0], exc)
+            return
+        log.warning("encode failed for a batch of %d requests; encoding each alone", len(jobs))
+        failed: list[tuple[_Job, Exception]] = []
+        for job in jobs:
+            if job.future.done():
+                continue
+            alone = _Batch()
+            for part_job, job_start, batch_start, count in batch.parts:
+                if part_job is job:
+                    alone.parts.append((job, job_start, len(alone.texts), count))
+                    alone.texts.extend(batch.texts[batch_start : batch_start + count])
+            try:
+                self._scatter(alone, await self._encode_now(alone.texts))
+            except Exception as job_exc:
+                failed.append((job, job_exc))
+        ISOLATED.inc(len(failed))
+        for job, job_exc in failed:
+            log.error("encode failed for one request's %d texts", len(job.texts), exc_info=job_exc)
+            if len(failed) < len(jobs):  # the others went through: this input is the cause
+                job_exc = Unprocessable(
+                    f"input could not be embedded ({type(job_exc).__name__}: {job_exc})",
+                    code="unembeddable_input",
+                )
+            self._set_error(job, job_exc)
+
+    async def _encode_now(self, texts: list[str]) -> Encoded:
+        """Prepare (when there is a prepare step) and encode ``texts``, on the same threads."""
+        loop = asyncio.get_running_loop()
+        inputs: Any = texts
+        if self._prep_worker is not None and self._prepare is not None:
+            inputs = await loop.run_in_executor(self._prep_worker, self._prepare, texts)
+        return await loop.run_in_executor(self._worker, self._encode, inputs)
+
     @staticmethod
-    def _fail(batch: _Batch, exc: Exception) -> None:
-        log.error("encode failed for a batch of %d texts", len(batch.texts), exc_info=exc)
-        for job, *_ in batch.parts:
-            if not job.future.done():
-                job.future.set_exception(exc)
+    def _set_error(job: _Job, exc: Exception) -> None:
+        if not job.future.done():
+            job.future.set_exception(exc)
 
     @staticmethod
     def _scatter(batch: _Batch, result: Encoded) -> None:

@@ -12,6 +12,7 @@ import zlib
 import numpy as np
 import pytest
 
+from arbiter.errors import Unprocessable
 from arbiter.services.embedding.batching import DynamicBatcher, QueueFull
 from arbiter.services.embedding.encoder import Encoded
 
@@ -68,8 +69,9 @@ async def test_job_larger_than_a_batch_is_split_and_reassembled() -> None:
     np.testing.assert_array_equal(got.truncated, [len(t) > 20 for t in texts])
 
 
-async def test_encode_failure_reaches_every_caller_and_the_batcher_survives() -> None:
+async def test_failed_batch_is_retried_job_by_job() -> None:
     # A stand-in that raises once: a model fault cannot be provoked on demand otherwise.
+    # The batch of two requests fails; each is encoded again on its own and succeeds.
     calls = {"n": 0}
     good = RecordingEncoder()
 
@@ -82,14 +84,100 @@ async def test_encode_failure_reaches_every_caller_and_the_batcher_survives() ->
     batcher = DynamicBatcher(flaky, max_batch_texts=64, max_wait_ms=20.0, max_queued_texts=100)
     batcher.start()
     try:
+        a, b = await asyncio.gather(batcher.embed(["a"]), batcher.embed(["b"]))
+        np.testing.assert_array_equal(a.vectors[0], vector_of("a"))
+        np.testing.assert_array_equal(b.vectors[0], vector_of("b"))
+        assert good.batches == [["a"], ["b"]]  # after the failed ["a", "b"]
+    finally:
+        await batcher.stop()
+
+
+async def test_encode_failure_reaches_every_caller_and_the_batcher_survives() -> None:
+    # A stand-in for a model that is broken for a while (every call fails), then recovers.
+    calls = {"n": 0}
+    good = RecordingEncoder()
+
+    def broken(texts: list[str]) -> Encoded:
+        calls["n"] += 1
+        if calls["n"] <= 3:  # the batch, then each of its two requests alone
+            raise RuntimeError("CUDA error: device-side assert")
+        return good(texts)
+
+    batcher = DynamicBatcher(broken, max_batch_texts=64, max_wait_ms=20.0, max_queued_texts=100)
+    batcher.start()
+    try:
         first = await asyncio.gather(
             batcher.embed(["a"]), batcher.embed(["b"]), return_exceptions=True
         )
-        assert all(isinstance(r, RuntimeError) for r in first)
+        assert all(isinstance(r, RuntimeError) for r in first), first  # not a 422: all failed
         again = await batcher.embed(["c"])  # the next batch is served normally
         np.testing.assert_array_equal(again.vectors[0], vector_of("c"))
     finally:
         await batcher.stop()
+
+
+async def test_one_bad_input_fails_only_its_own_request() -> None:
+    # A stand-in tokenizer that refuses one text, as a real one refuses input it cannot
+    # encode (the service refuses lone surrogates before any work, so they cannot be the
+    # example here). 16 good requests batched with the bad one all get their rows.
+    encoder = RecordingEncoder()
+
+    def picky(texts: list[str]) -> Encoded:
+        if "poison" in texts:
+            raise ValueError("tokenizer: cannot encode this text")
+        return encoder(texts)
+
+    batcher = DynamicBatcher(picky, max_batch_texts=64, max_wait_ms=20.0, max_queued_texts=1000)
+    batcher.start()
+    try:
+        jobs = [[f"req {j} text {k}" for k in range(5)] for j in range(16)]
+        jobs.insert(7, ["fine", "poison", "fine too"])
+        results = await asyncio.gather(*(batcher.embed(t) for t in jobs), return_exceptions=True)
+    finally:
+        await batcher.stop()
+    bad = results.pop(7)
+    assert isinstance(bad, Unprocessable) and bad.status == 422, bad
+    assert "could not be embedded" in bad.message
+    for texts, got in zip(jobs[:7] + jobs[8:], results, strict=True):
+        assert isinstance(got, Encoded), got
+        np.testing.assert_array_equal(got.vectors, np.stack([vector_of(t) for t in texts]))
+
+
+async def test_small_request_not_held_behind_a_large_one() -> None:
+    # Fairness: a request of 8 texts arriving behind one of 640 shares the next batch with
+    # it (an equal share each), instead of waiting for the large one's ten batches.
+    encoder = RecordingEncoder()
+    batcher = await run_batcher(encoder, max_batch_texts=64, max_wait_ms=1.0)
+    try:
+        large = asyncio.ensure_future(batcher.embed([f"large {k}" for k in range(640)]))
+        await asyncio.sleep(0)  # queued first
+        small = await batcher.embed([f"small {k}" for k in range(8)])
+        assert not large.done()
+        await large
+    finally:
+        await batcher.stop()
+    np.testing.assert_array_equal(small.vectors[0], vector_of("small 0"))
+    first_with_small = next(i for i, b in enumerate(encoder.batches) if "small 0" in b)
+    assert first_with_small <= 1, [len(b) for b in encoder.batches]
+    assert all(len(b) <= 64 for b in encoder.batches)
+
+
+async def test_cancelled_request_texts_are_not_encoded() -> None:
+    # A caller that goes away (its task cancelled, as when its client disconnects) takes
+    # its queued texts with it.
+    encoder = RecordingEncoder()
+    batcher = await run_batcher(encoder, max_batch_texts=4, max_wait_ms=1.0)
+    try:
+        gone = asyncio.ensure_future(batcher.embed([f"gone {k}" for k in range(400)]))
+        await asyncio.sleep(0)
+        gone.cancel()
+        kept = await batcher.embed(["kept"])
+    finally:
+        await batcher.stop()
+    np.testing.assert_array_equal(kept.vectors[0], vector_of("kept"))
+    encoded = [t for b in encoder.batches for t in b]
+    assert sum(t.startswith("gone") for t in encoded) <= 4  # at most the batch in flight
+    assert batcher.queued == 0
 
 
 async def test_backlog_over_the_limit_is_refused() -> None:
@@ -130,19 +218,23 @@ async def test_prepare_step_is_pipelined_and_rows_stay_with_their_callers() -> N
         await batcher.stop()
     for texts, got in zip(jobs, results, strict=True):
         np.testing.assert_array_equal(got.vectors, np.stack([vector_of(t) for t in texts]))
-    # every prepared batch was encoded once, in queue order
+    # every prepared batch was encoded once; every text once, each job's in its order
     assert encoder.prepared == len(encoder.batches)
-    assert [t for b in encoder.batches for t in b] == [t for j in jobs for t in j]
+    encoded = [t for b in encoder.batches for t in b]
+    assert sorted(encoded) == sorted(t for j in jobs for t in j)
+    for texts in jobs:
+        assert [t for t in encoded if t in set(texts)] == texts
 
 
 async def test_prepare_failure_reaches_its_callers_and_the_batcher_survives() -> None:
-    # A tokenizer fault cannot be provoked on demand with a real model: a stand-in raises once.
+    # A tokenizer fault cannot be provoked on demand with a real model: a stand-in raises
+    # for the batch and for each of its requests encoded alone.
     encoder = PreparingEncoder()
     calls = {"n": 0}
 
     def flaky_prepare(texts: list[str]) -> tuple[int, list[str]]:
         calls["n"] += 1
-        if calls["n"] == 1:
+        if calls["n"] <= 3:  # the batch, then each of its two requests alone
             raise ValueError("tokenizer exploded")
         return encoder.prepare(texts)
 
