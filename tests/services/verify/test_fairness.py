@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
+from tests.conftest import start_service
 from tests.services.verify.conftest import DEADLINE_S, MARGIN_S, STUCK, metric
 
 
@@ -71,5 +75,41 @@ async def test_disconnected_client_items_not_run(strict_url: str) -> None:
     dropped = metric(strict_url, "verify_pool_items_dropped_total") - dropped0
     assert metric(strict_url, "arbiter_http_cancelled_total") == cancelled0 + 1
     assert ran <= 2, ran  # one per worker: the items running when the client left
+    assert dropped >= 28, dropped
+    await _settle(strict_url)
+
+
+@pytest.fixture(scope="module")
+def gateway_strict(log_dir: Path, strict_url: str, redis_url: str) -> Iterator[str]:
+    """A gateway in front of the strict verify instance."""
+    proc, url = start_service(
+        "gateway", log_dir, {"GATEWAY_VERIFY_URL": strict_url, "REDIS_URL": redis_url}
+    )
+    yield url
+    proc.stop()
+
+
+async def test_client_leaving_the_gateway_cancels_down_to_the_workers(
+    gateway_strict: str, strict_url: str
+) -> None:
+    # gateway -> verify -> worker: the client of the gateway hangs up; the gateway cancels
+    # its call to verify (closing that connection), verify cancels the request, and the
+    # pool drops its queued items. 30 distinct stuck items (the gateway scores identical
+    # responses once); two are running when the client leaves.
+    await _settle(strict_url)
+    run0 = metric(strict_url, "verify_pool_items_run_total")
+    dropped0 = metric(strict_url, "verify_pool_items_dropped_total")
+    recipe = {"components": [{"name": "math_accuracy", "weight": 1.0, "params": {}}]}
+    stuck = [f"\\boxed{{7^{{{123456789 + k}}}}}" for k in range(30)]
+    body = {"recipe": recipe, "groups": [{"reference": "3", "responses": stuck}]}
+    async with httpx.AsyncClient(base_url=gateway_strict, timeout=120) as client:
+        task = asyncio.create_task(client.post("/v1/score", json=body))
+        await asyncio.sleep(1.0)
+        task.cancel()
+    await asyncio.sleep(DEADLINE_S + 1.0)
+    assert metric(gateway_strict, "arbiter_http_cancelled_total", service="gateway") == 1
+    ran = metric(strict_url, "verify_pool_items_run_total") - run0
+    dropped = metric(strict_url, "verify_pool_items_dropped_total") - dropped0
+    assert ran <= 2, ran
     assert dropped >= 28, dropped
     await _settle(strict_url)
