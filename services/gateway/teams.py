@@ -67,9 +67,10 @@ class Teams:
     def attach(self, scorer: Scorer) -> None:
         """Usage and judge tokens of every scored request go to its team."""
         if self.ledger is not None:
-            scorer.after = self._after
+            scorer.after = self.after
 
-    async def _after(self, scored: Scored) -> None:
+    async def after(self, scored: Scored) -> None:
+        """Usage and judge tokens of a scored request, to its team (auth on)."""
         if scored.team is None or scored.counts is None:
             return
         await self.record(scored.team, scored.counts)
@@ -165,10 +166,12 @@ class Tenant:
             await asyncio.shield(self._undo(claim, responses if admitted else 0))
             raise
         if claim is not None and idem is not None:
-            # Stored and counted before the answer leaves: a retry after a dropped
-            # connection finds it, and it is counted exactly once.
-            await asyncio.gather(idem.finish(claim, scored.body), scorer.finish(scored))
-            return JSONBody(scored.body)
+            # Stored and counted before the answer leaves (both at once): a retry after a
+            # dropped connection finds it, and it is counted exactly once. New scores go to
+            # the cache afterwards, as on every request.
+            await asyncio.gather(idem.finish(claim, scored.body), self.teams.after(scored))
+            store = BackgroundTask(scorer.store, scored.writes) if scored.writes else None
+            return JSONBody(scored.body, background=store)
         return JSONBody(scored.body, background=BackgroundTask(scorer.finish, scored))
 
     async def _undo(self, claim: Claim | None, responses: int) -> None:
