@@ -275,17 +275,18 @@ class DynamicBatcher:
                     alone.texts.extend(batch.texts[batch_start : batch_start + count])
             try:
                 self._scatter(alone, await self._encode_now(alone.texts))
-            except Exception as job_exc:
-                failed.append((job, job_exc))
+            except Exception as exc_alone:
+                failed.append((job, exc_alone))
         ISOLATED.inc(len(failed))
-        for job, job_exc in failed:
-            log.error("encode failed for one request's %d texts", len(job.texts), exc_info=job_exc)
+        for job, cause in failed:
+            log.error("encode failed for one request's %d texts", len(job.texts), exc_info=cause)
             if len(failed) < len(jobs):  # the others went through: this input is the cause
-                job_exc = Unprocessable(
-                    f"input could not be embedded ({type(job_exc).__name__}: {job_exc})",
+                self._set_error(job, Unprocessable(
+                    f"input could not be embedded ({type(cause).__name__}: {cause})",
                     code="unembeddable_input",
-                )
-            self._set_error(job, job_exc)
+                ))  # fmt: skip
+            else:
+                self._set_error(job, cause)
 
     async def _encode_now(self, texts: list[str]) -> Encoded:
         """Prepare (when there is a prepare step) and encode ``texts``, on the same threads."""

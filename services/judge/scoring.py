@@ -3,8 +3,13 @@
 ``judge_quality`` asks for a rubric rating (JSON via ``response_format`` json_schema when
 the server takes it) and maps overall 1..scale to [0, 1]. ``judge_verifier`` asks for a
 one-token Yes/No verdict and reads p(Yes) / (p(Yes) + p(No)) from the top log-probs.
-Every item is one chat completion; items run concurrently, bounded by the client's
-semaphore. A failure nulls that item with its kind; it never fails the batch.
+Every item is one chat completion; items run concurrently, at most
+``JUDGE_MAX_CONCURRENCY`` at once, admitted round-robin across requests (a request of
+1,000 items does not hold the next request's items behind all of its own: they wait for
+at most one slot to free per request ahead). An item's deadline, ``JUDGE_TIMEOUT_S``,
+counts from its request's arrival, waiting for a slot included. A failure nulls that item
+with its kind; it never fails the batch. A cancelled request (its client went away)
+leaves the line and cancels its calls in flight.
 
 Prompt layout, for the server's prefix cache: the fixed rubric/instruction is the system
 message; the user message starts with the question and reference (shared by the G
@@ -21,10 +26,11 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from arbiter.errors import ArbiterError, InvalidRequest, ItemResult
+from arbiter.errors import ArbiterError, InvalidRequest, ItemResult, Timeout
 from arbiter.proto.components import ComponentGroupResult, ComponentResponse, ScoreGroup
 from arbiter.proto.components import ComponentUsage as Usage
 from arbiter.proto.judge import QUALITY_DIMENSIONS, QualityParams, QualityRequest, VerifierRequest
+from arbiter.services.common.fairness import FairLimiter
 from arbiter.services.judge.client import ChatClient
 from arbiter.services.judge.parsing import (
     JudgeReplyError,
@@ -81,6 +87,7 @@ class Judge:
     def __init__(self, settings: JudgeSettings, client: ChatClient | None = None):
         self.settings = settings
         self.client = client or ChatClient(settings)
+        self._slots = FairLimiter(settings.max_concurrency)
         self._json_refused = False
         self._probe = _Probe()
 
@@ -210,8 +217,19 @@ class Judge:
         self, component: str, groups: list[ScoreGroup], item: Any, *extra: Any
     ) -> ComponentResponse:
         start = time.perf_counter()
-        tasks = [[item(g, r, *extra) for r in g.responses] for g in groups]
-        flat = await asyncio.gather(*(t for row in tasks for t in row))
+        request = object()  # this request's key in the fair line
+        deadline = asyncio.get_running_loop().time() + self.settings.timeout_s
+
+        async def fair(g: ScoreGroup, r: str) -> ItemResult:
+            try:
+                async with asyncio.timeout_at(deadline), self._slots.slot(request):
+                    result: ItemResult = await item(g, r, *extra)
+                    return result
+            except TimeoutError:  # past the item's deadline, waiting for a slot included
+                message = f"not judged within {self.settings.timeout_s:g}s (queueing included)"
+                return self._failed(component, Timeout(message))
+
+        flat = await asyncio.gather(*(fair(g, r) for g in groups for r in g.responses))
         out, usage, k = [], Usage(items=len(flat)), 0
         for g in groups:
             results: list[ItemResult] = list(flat[k : k + len(g.responses)])
