@@ -141,7 +141,9 @@ def load(path: Path) -> KeysFile:
 
 
 def save(path: Path, doc: KeysFile) -> None:
-    """Write atomically (a reader sees the old file or the new one), readable by its owner."""
+    """Write atomically (a reader sees the old file or the new one). The file holds no key,
+    only keyed hashes, so it is readable by others (a gateway container's own user): 0644,
+    or the mode the file already had."""
     text = "# Arbiter API keys (written by `arbiter keys`): hashes only, never a key.\n"
     text += yaml.safe_dump(doc.model_dump(), sort_keys=False)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -149,7 +151,7 @@ def save(path: Path, doc: KeysFile) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        os.chmod(tmp, 0o600)
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else 0o644)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

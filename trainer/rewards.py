@@ -7,11 +7,11 @@ computes reference/old log-probs meanwhile and then blocks on ``result()``; the 
 still blocks is the reward wait it logs.
 
 Failure policy (``arbiter.errors``): connect errors, timeouts, 429 and every 5xx are
-retried with exponential backoff; when retries run out the whole batch fails with
-``RewardsUnavailable`` (an ``Unavailable``) and the trainer skips it (never trains on
-invented rewards). A 4xx other than 429 is a bug in the request or the recipe: the
-gateway's ``InvalidRequest`` (e.g. ``Unprocessable`` for an unknown recipe) is raised as
-it came, and stops the run.
+retried with exponential backoff (at least a 429's ``Retry-After``: a team's quota); when
+retries run out the whole batch fails with ``RewardsUnavailable`` (an ``Unavailable``) and
+the trainer skips it (never trains on invented rewards). A 4xx other than 429 is a bug in
+the request or the recipe: the gateway's ``InvalidRequest`` (e.g. ``Unprocessable`` for an
+unknown recipe) is raised as it came, and stops the run.
 
 Every group's request carries an ``Idempotency-Key`` (a fresh UUID), the same on each of
 its retries: a retry after a dropped connection gets the gateway's stored answer and is
@@ -104,6 +104,14 @@ def _recipe(recipe: str | dict[str, Any] | Recipe) -> str | Recipe:
     return Recipe.model_validate(recipe)
 
 
+def _retry_after(resp: httpx.Response) -> float:
+    """A 429's ``Retry-After`` in seconds (capped at 120), else 0."""
+    try:
+        return min(120.0, max(0.0, float(resp.headers.get("retry-after", 0))))
+    except ValueError:  # an HTTP date: the back-off alone
+        return 0.0
+
+
 class RewardClient:
     """Background-thread client for ``POST /v1/score``; see the module docstring."""
 
@@ -193,9 +201,10 @@ class RewardClient:
         url = f"{self.base_url}/v1/score"
         headers = {"Idempotency-Key": uuid.uuid4().hex}  # the same on every retry
         last: ArbiterError = Unavailable("no attempt made")
+        retry_after = 0.0  # a 429's Retry-After (a team's quota): wait at least that long
         for attempt in range(self.retries + 1):
             if attempt:
-                delay = min(30.0, self.backoff_s * 2 ** (attempt - 1))
+                delay = max(min(30.0, self.backoff_s * 2 ** (attempt - 1)), retry_after)
                 log.info("gateway retry %d/%d in %.1fs (%s)", attempt, self.retries, delay, last)
                 await asyncio.sleep(delay)
             try:
@@ -212,6 +221,7 @@ class RewardClient:
                     last = BadResponse(f"bad response body: {e}"[:500])
                     continue
             last = from_response(resp.status_code, resp.content, source="gateway")
+            retry_after = _retry_after(resp)
             if isinstance(last, InvalidRequest):  # the request's fault: retrying cannot help
                 raise last
         raise RewardsUnavailable(

@@ -28,7 +28,10 @@ def test_create_prints_the_key_once_and_stores_only_its_hash(
     assert "shown only now" in out.err and "development" not in out.err
     text = path.read_text()
     assert key not in text and key.rsplit("_", 1)[1] not in text
-    assert oct(path.stat().st_mode & 0o777) == "0o600"
+    assert oct(path.stat().st_mode & 0o777) == "0o644"  # hashes only; the gateway's user reads it
+    path.chmod(0o640)
+    create(path, "alpha", secret=SECRET)
+    assert oct(path.stat().st_mode & 0o777) == "0o640"  # a mode set by hand is kept
     doc = load(path)
     assert doc.teams["alpha"].responses_per_minute == 600
     assert doc.teams["alpha"].recipes == ["gsm8k", "gsm8k-dj"]

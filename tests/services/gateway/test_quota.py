@@ -13,7 +13,9 @@ from redis.asyncio import Redis
 from arbiter.errors import RateLimited
 from arbiter.keys import Principal, Team
 from arbiter.procs import ManagedProcess
+from arbiter.proto.gateway import ScoreGroup
 from arbiter.services.gateway.quota import Quota
+from arbiter.trainer.rewards import RewardClient
 from tests.services.gateway.teams import Keys, groups, post, start_gateway, team_total, usage
 
 RPM = 60  # a small rate (1 response a second) so that recovery takes seconds
@@ -25,6 +27,7 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     k.add("solo", "solo", responses_per_minute=RPM)
     k.add("pair", "pair", responses_per_minute=RPM)
     k.add("free", "free")  # no quota
+    k.add("trainer", "trainer", responses_per_minute=RPM)
     return k
 
 
@@ -99,3 +102,16 @@ async def test_judge_tokens_are_charged_after_and_block_until_refilled(redis_url
     finally:
         await redis.delete("arb:quota:v1:judge-team:judge", "arb:quota:v1:judge-team:responses")
         await redis.aclose()
+
+
+def test_the_trainer_waits_out_a_429(
+    gateways: list[str], keys: Keys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, h = gateways[0], keys.headers("trainer")
+    assert post(url, {"recipe": "gsm8k", "groups": groups(10, 6)}, h).status_code == 200  # 60
+    monkeypatch.setenv("ARBITER_API_KEY", keys.keys["trainer"])
+    start = time.monotonic()
+    with RewardClient(url, retries=3, backoff_s=0.01) as rewards:  # back-off alone: 70 ms
+        batch = rewards.score("gsm8k", [ScoreGroup.model_validate(g) for g in groups(1, 2)])
+    assert len(batch.groups) == 1
+    assert time.monotonic() - start >= 1.0  # it waited what Retry-After asked

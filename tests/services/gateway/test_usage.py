@@ -3,6 +3,8 @@ front of the judge stub (it reports token usage like any OpenAI server), and rea
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -154,3 +156,30 @@ def test_usage_range_and_admin_view(gateway: str, keys: Keys) -> None:
         r = httpx.get(f"{gateway}/v1/usage", params=params, headers=h)
         assert r.status_code == 422, r.text
         assert r.json()["error"]["param"] == param
+
+
+def test_compat_samples_of_two_teams_are_never_one_group(gateway: str, keys: Keys) -> None:
+    # Both teams send a sample of the same prompt at once, asking for groups of 2: were
+    # the team not part of the group key, the two would be scored as one group, billed to
+    # one team.
+    prompt = f"compat {uuid.uuid4().hex}: 1+1?"
+    sample = {"prompt": prompt, "response": "<answer>2</answer>", "label": "2"}
+    path = "/v1/compat/slime/gsm8k?group_size=2&window_ms=1000"
+
+    async def both() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=30) as client:
+            return list(
+                await asyncio.gather(
+                    *(
+                        client.post(f"{gateway}{path}", json=sample, headers=keys.headers(t))
+                        for t in ("u1", "u2")
+                    )
+                )
+            )
+
+    before = {t: team_total(usage(gateway, keys.headers(t)), t, "responses") for t in ("u1", "u2")}
+    for r in asyncio.run(both()):
+        assert r.status_code == 200, r.text
+    for team in ("u1", "u2"):
+        got = team_total(usage(gateway, keys.headers(team)), team, "responses")
+        assert got - before[team] == 1, team  # its own group of one, its own ledger
