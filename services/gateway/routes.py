@@ -60,9 +60,12 @@ async def score(
     return await tenant.score(scorer, body, idempotency_key, request.url.path, raw)
 
 
-@router.get("/v1/recipes", response_model=RecipeList, summary="The named recipes")
-async def recipes(scorer: ScorerDep) -> JSONBody:
-    return JSONBody(RecipeList(recipes=scorer.book.refs()))
+@router.get(
+    "/v1/recipes", response_model=RecipeList, summary="The named recipes the caller may use"
+)
+async def recipes(scorer: ScorerDep, tenant: TenantDep) -> JSONBody:
+    allowed = [r for r in scorer.book.refs() if tenant.who.may_use_recipe(r.name)]
+    return JSONBody(RecipeList(recipes=allowed))
 
 
 @router.get(

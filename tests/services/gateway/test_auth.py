@@ -89,7 +89,8 @@ def test_open_routes_and_every_v1_route_need_a_key(gateway: Any, keys: Keys) -> 
         assert httpx.get(f"{gateway.url}{path}").status_code == 200, path
     _error(httpx.get(f"{gateway.url}/v1/recipes"), 401, "missing_api_key")
     _error(httpx.get(f"{gateway.url}/v1/usage"), 401, "missing_api_key")
-    assert httpx.get(f"{gateway.url}/v1/recipes", headers=keys.headers("beta")).status_code == 200
+    listed = httpx.get(f"{gateway.url}/v1/recipes", headers=keys.headers("beta"))
+    assert [r["name"] for r in listed.json()["recipes"]] == ["gsm8k"]  # only what it may use
     sample = {"prompt": "1+1?", "response": "<answer>2</answer>", "label": "2"}
     slime = "/v1/compat/slime/gsm8k?window_ms=0"
     _error(post(gateway.url, sample, {}, slime), 401, "missing_api_key")
