@@ -158,8 +158,13 @@ def test_without_auth_idempotency_still_works(gateway_url: str) -> None:
 
 
 def test_sdk_and_trainer_send_the_key_and_idempotency_key(
-    gateway: str, keys: Keys, monkeypatch: pytest.MonkeyPatch
+    gateway: str, redis_url: str, keys: Keys, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store = redis.Redis.from_url(redis_url)
+
+    def stored() -> int:  # answers kept under the team's Idempotency-Keys
+        return sum(1 for _ in store.scan_iter("arb:idem:v1:sdk:*"))
+
     gs = groups(2, 2)
     with ArbiterClient(gateway, api_key=keys.keys["sdk"]) as client:
         out = client.score(gs, "gsm8k", idempotency_key="sdk-call-1")
@@ -168,8 +173,11 @@ def test_sdk_and_trainer_send_the_key_and_idempotency_key(
     with pytest.raises(Exception, match="401"):
         ArbiterClient(gateway, api_key="").score(gs, "gsm8k")
     monkeypatch.setenv("ARBITER_API_KEY", keys.keys["sdk"])  # the trainer reads the env
+    before = stored()
     with RewardClient(gateway, retries=0) as rewards:
         batch = rewards.score("gsm8k", [ScoreGroup.model_validate(g) for g in gs])
     assert len(batch.groups) == 2
+    assert stored() - before == 2  # one request per group, each with its own key
+    store.close()
     report = usage(gateway, keys.headers("sdk"))
     assert team_total(report, "sdk", "idempotent_replays") >= 1
