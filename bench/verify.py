@@ -1,11 +1,22 @@
-"""Verify throughput: the HTTP service against in-process math-verify, same run, same cores.
+"""Verify throughput: the HTTP service against the same rule in-process, same run, same cores.
 
-(a) ``/v1/math`` responses/s with concurrent clients each sending groups of 8 GSM8K-like
-responses, against math-verify's parse + parse + verify in a ``multiprocessing.Pool(2)``
-over the same responses. The service runs twice: as configured by default (numeric fast
-path on) and with ``VERIFY_FAST_PATH=false`` (every item through the pool and math-verify).
+GSM8K-like responses (8 per group) scored by ``POST /v1/math`` and, as baselines, in a
+``multiprocessing.Pool(2)`` over the same responses with all work queued up front:
 
-    .venv/bin/python -m bench.verify [--groups 1319] [--concurrency 16] [--workers 2]
+- the same rule in-process (``score_math_direct``: our extraction, the numeric fast path,
+  math-verify for the rest): the same work as the service with its default settings;
+- the same rule with the fast path off (math-verify on every item): the same work as the
+  service with ``VERIFY_FAST_PATH=false``;
+- plain math-verify (``verify(parse(gold), parse(response))``), different work, for scale.
+
+The service runs with both settings and two request shapes: one group of 8 per request
+(16 clients), and one GRPO batch per request (64 groups, 512 responses; 2 clients), which
+is what the gateway sends for a ``/v1/score`` of a whole batch. The load generator is an
+aiohttp client in this process; its own CPU time is reported beside each HTTP row (on a
+2-core machine it competes with the service for the same cores), and so is the CPU time
+of the service's processes.
+
+    .venv/bin/python -m bench.verify [--groups 1319] [--rounds 2] [--json out.json]
 
 ``run(...)`` returns the numbers as a dict for a combined benchmark.
 """
@@ -24,19 +35,20 @@ import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
+import aiohttp
 
-from arbiter.procs import free_port, service_process
+from arbiter.procs import ManagedProcess, free_port, service_process
 
 log = logging.getLogger("bench.verify")
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K = Path(os.environ.get("ARBITER_GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
 GROUP = 8
+BATCH_GROUPS = 64  # groups per request in the "batch" shape (one GRPO batch)
 
 _CALC = re.compile(r"<<[^>]*>>")
 
@@ -77,7 +89,7 @@ def load_groups(n_groups: int, seed: int = 0) -> list[dict[str, Any]]:
     return groups
 
 
-# ------------------------------------------------------------------ baseline
+# ------------------------------------------------------------------ in-process baselines
 
 
 def _mv_one(task: tuple[str, str]) -> bool:
@@ -87,23 +99,16 @@ def _mv_one(task: tuple[str, str]) -> bool:
     return bool(verify(parse(gold), parse(response)))
 
 
-def baseline(groups: list[dict[str, Any]], processes: int = 2) -> dict[str, float]:
-    tasks = [
-        (resp, g["reference"].rsplit("####", 1)[1].strip())
-        for g in groups
-        for resp in g["responses"]
-    ]
-    with mp.get_context("forkserver").Pool(processes) as pool:
-        pool.map(_mv_one, tasks[:200], chunksize=16)  # warm-up: imports, caches
-        start = time.perf_counter()
-        results = pool.map(_mv_one, tasks, chunksize=64)
-        elapsed = time.perf_counter() - start
-    return {"responses": len(tasks), "seconds": elapsed, "rps": len(tasks) / elapsed,
-            "correct": sum(results)}  # fmt: skip
+def _rule_fast(task: tuple[str, str]) -> bool:
+    """The service's rule with its defaults: extraction, fast path, math-verify for the rest."""
+    from arbiter.services.verify.scoring import score_math_direct
+
+    response, reference = task
+    return score_math_direct(response, reference).score == 1.0
 
 
-def _rule_one(task: tuple[str, str]) -> bool:
-    """The service's own rule, in-process: our extraction, then math-verify (no fast path)."""
+def _rule_mv(task: tuple[str, str]) -> bool:
+    """The service's rule with the fast path off: extraction, then math-verify on every item."""
     from arbiter.services.verify.extract import extract_answer, reference_value
     from arbiter.services.verify.worker import score_item
 
@@ -114,55 +119,113 @@ def _rule_one(task: tuple[str, str]) -> bool:
     return score_item(gold, ex.text, 1e-6, 5, True).score == 1.0
 
 
-def baseline_rule(groups: list[dict[str, Any]], processes: int = 2) -> dict[str, float]:
-    tasks = [(resp, g["reference"]) for g in groups for resp in g["responses"]]
+def _pool_run(
+    fn: Callable[[tuple[str, str]], bool], tasks: list[tuple[str, str]], processes: int
+) -> dict[str, float]:
     with mp.get_context("forkserver").Pool(processes) as pool:
-        pool.map(_rule_one, tasks[:200], chunksize=16)
+        pool.map(fn, tasks[:200], chunksize=16)  # warm-up: imports, caches
         start = time.perf_counter()
-        results = pool.map(_rule_one, tasks, chunksize=64)
+        results = pool.map(fn, tasks, chunksize=64)
         elapsed = time.perf_counter() - start
     return {"responses": len(tasks), "seconds": elapsed, "rps": len(tasks) / elapsed,
             "correct": sum(results)}  # fmt: skip
 
 
+def baselines(groups: list[dict[str, Any]], processes: int = 2) -> dict[str, dict[str, float]]:
+    by_ref = [(r, g["reference"]) for g in groups for r in g["responses"]]
+    by_gold = [(r, g["reference"].rsplit("####", 1)[1].strip()) for g in groups
+               for r in g["responses"]]  # fmt: skip
+    return {
+        "plain_math_verify": _pool_run(_mv_one, by_gold, processes),
+        "rule_fast_path": _pool_run(_rule_fast, by_ref, processes),
+        "rule_no_fast_path": _pool_run(_rule_mv, by_ref, processes),
+    }
+
+
 # ------------------------------------------------------------------ service
 
 
-async def _drive(url: str, groups: list[dict[str, Any]], concurrency: int) -> dict[str, float]:
-    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-    for g in groups:
-        queue.put_nowait(g)
+def _cpu_seconds(pids: list[int]) -> float:
+    """User + system CPU time of processes (and their reaped children), from /proc."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (uvicorn, the forkserver, pool workers)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(stat.parent.name))
+    out, todo = [pid], [pid]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        out.extend(kids)
+        todo.extend(kids)
+    return out
+
+
+async def _drive(
+    url: str, groups: list[dict[str, Any]], per_request: int, concurrency: int
+) -> dict[str, float]:
+    bodies = [
+        json.dumps({"groups": groups[i : i + per_request], "params": {}}).encode()
+        for i in range(0, len(groups), per_request)
+    ]
+    queue = list(reversed(bodies))
     latencies: list[float] = []
-    correct = 0
-    nulls = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, timeout=60.0, limits=limits) as client:
+    correct = nulls = 0
+    headers = {"content-type": "application/json"}
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=connector) as session:
 
         async def worker() -> None:
             nonlocal correct, nulls
-            while not queue.empty():
-                group = queue.get_nowait()
+            while queue:
+                body = queue.pop()
                 t0 = time.perf_counter()
-                r = await client.post("/v1/math", json={"groups": [group], "params": {}})
+                async with session.post(f"{url}/v1/math", data=body, headers=headers) as r:
+                    raw = await r.read()
                 latencies.append(time.perf_counter() - t0)
-                r.raise_for_status()
-                scores = r.json()["groups"][0]["scores"]
-                correct += sum(1 for s in scores if s == 1.0)
-                nulls += sum(1 for s in scores if s is None)
+                if r.status != 200:
+                    raise RuntimeError(f"HTTP {r.status}: {raw[:200]!r}")
+                for group in json.loads(raw)["groups"]:
+                    correct += sum(1 for s in group["scores"] if s == 1.0)
+                    nulls += sum(1 for s in group["scores"] if s is None)
 
-        start = time.perf_counter()
+        cpu0, start = time.process_time(), time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - start
+        elapsed, client_cpu = time.perf_counter() - start, time.process_time() - cpu0
     latencies.sort()
     n = sum(len(g["responses"]) for g in groups)
     return {"responses": n, "seconds": elapsed, "rps": n / elapsed, "correct": correct,
             "nulls": nulls, "p50_ms": latencies[len(latencies) // 2] * 1e3,
-            "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3}  # fmt: skip
+            "p99_ms": latencies[int(len(latencies) * 0.99)] * 1e3,
+            "client_cpu_s": client_cpu, "client_cpu_share": client_cpu / elapsed}  # fmt: skip
+
+
+def _measure(
+    proc: ManagedProcess, url: str, groups: list[dict[str, Any]], per_request: int,
+    concurrency: int,
+) -> dict[str, float]:  # fmt: skip
+    assert proc.proc is not None
+    pids = _tree(proc.proc.pid)
+    cpu0 = _cpu_seconds(pids)
+    out = asyncio.run(_drive(url, groups, per_request, concurrency))
+    out["service_cpu_s"] = _cpu_seconds(pids) - cpu0
+    out["per_request"] = per_request * GROUP
+    out["concurrency"] = concurrency
+    return out
 
 
 @contextlib.contextmanager
-def service(workers: int, fast_path: bool) -> Iterator[str]:
-    """A verify service on a free port (as in production: ``arbiter serve``); yields its URL."""
+def service(workers: int, fast_path: bool) -> Iterator[tuple[ManagedProcess, str]]:
+    """A verify service on a free port (as in production: ``arbiter serve``)."""
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"bench-verify-{port}.log"
     env = {"VERIFY_WORKERS": str(workers), "VERIFY_FAST_PATH": str(fast_path).lower()}
@@ -170,7 +233,7 @@ def service(workers: int, fast_path: bool) -> Iterator[str]:
     proc.start()
     try:
         proc.wait_ready(60)
-        yield f"http://127.0.0.1:{port}"
+        yield proc, f"http://127.0.0.1:{port}"
     finally:
         proc.stop()
 
@@ -183,12 +246,11 @@ def _load() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+SHAPES = {"group": (1, 16), "batch": (BATCH_GROUPS, 2)}  # groups per request, clients
+
+
 def run(
-    groups: int = 1319,
-    concurrency: int = 16,
-    workers: int = 2,
-    processes: int = 2,
-    rounds: int = 2,
+    groups: int = 1319, workers: int = 2, processes: int = 2, rounds: int = 2
 ) -> dict[str, Any]:
     """Best of ``rounds`` for each row; the rows alternate within a round so that a change
     in the machine's load (it is shared) hits all of them alike."""
@@ -197,70 +259,74 @@ def run(
         "machine": f"{os.cpu_count()}-core CPU",
         "groups": groups,
         "group_size": GROUP,
-        "concurrency": concurrency,
         "rounds": rounds,
         "load_before": _load(),
     }
-    best: dict[str, dict[str, float] | None] = dict.fromkeys(
-        ("baseline", "baseline_rule", "http_fast_path", "http_no_fast_path")
-    )
-    with service(workers, True) as fast_url, service(workers, False) as slow_url:
-        for url in (fast_url, slow_url):  # warm-up
-            asyncio.run(_drive(url, data[: max(concurrency * 4, 64)], concurrency))
+    best: dict[str, dict[str, float] | None] = {}
+    with service(workers, True) as fast, service(workers, False) as slow:
+        for _, url in (fast, slow):  # warm-up
+            asyncio.run(_drive(url, data[:128], 1, 16))
         for _ in range(rounds):
-            best["baseline"] = _best(best["baseline"], baseline(data, processes))
-            best["baseline_rule"] = _best(best["baseline_rule"], baseline_rule(data, processes))
-            for key, url in (("http_fast_path", fast_url), ("http_no_fast_path", slow_url)):
-                best[key] = _best(best[key], asyncio.run(_drive(url, data, concurrency)))
+            for key, value in baselines(data, processes).items():
+                best[key] = _best(best.get(key), value)
+            for mode, (proc, url) in (("fast_path", fast), ("no_fast_path", slow)):
+                for shape, (per_request, clients) in SHAPES.items():
+                    key = f"http_{mode}_{shape}"
+                    best[key] = _best(
+                        best.get(key), _measure(proc, url, data, per_request, clients)
+                    )
     out.update(best)
     out["load_after"] = _load()
-    base = out["baseline"]["rps"]
-    out["ratio_fast_path"] = out["http_fast_path"]["rps"] / base
-    out["ratio_no_fast_path"] = out["http_no_fast_path"]["rps"] / base
-    out["ratio_rule_no_fast_path"] = out["http_no_fast_path"]["rps"] / out["baseline_rule"]["rps"]
+    for mode in ("fast_path", "no_fast_path"):
+        base = out[f"rule_{mode}"]["rps"]
+        for shape in SHAPES:
+            out[f"ratio_{mode}_{shape}"] = out[f"http_{mode}_{shape}"]["rps"] / base
     return out
 
 
 def table(r: dict[str, Any]) -> str:
-    b, f, s = r["baseline"], r["http_fast_path"], r["http_no_fast_path"]
-    br = r["baseline_rule"]
     lines = [
-        f"verify, {r['groups']} groups × {r['group_size']} GSM8K-like responses, "
-        f"{r['concurrency']} concurrent clients; {r['machine']}; best of {r['rounds']} rounds",
-        "| what | responses/s | ratio | p50 / p99 per request | correct |",
-        "| --- | ---: | ---: | ---: | ---: |",
-        f"| math-verify in-process, Pool(2), parse+parse+verify | {b['rps']:,.0f} | 1.00 "
-        f"| – | {b['correct']} |",
-        f"| same rule in-process (our extraction + math-verify), Pool(2) | {br['rps']:,.0f} "
-        f"| {br['rps'] / b['rps']:.2f} | – | {br['correct']} |",
-        f"| HTTP /v1/math, 2 workers, fast path on (default) | {f['rps']:,.0f} "
-        f"| {r['ratio_fast_path']:.2f} | {f['p50_ms']:.1f} / {f['p99_ms']:.1f} ms "
-        f"| {f['correct']} |",
-        f"| HTTP /v1/math, 2 workers, fast path off (all math-verify) | {s['rps']:,.0f} "
-        f"| {r['ratio_no_fast_path']:.2f} | {s['p50_ms']:.1f} / {s['p99_ms']:.1f} ms "
-        f"| {s['correct']} |",
-        f"service overhead, fast path off vs the same rule in-process: "
-        f"{r['ratio_rule_no_fast_path']:.2f}",
-        f"load before: {r['load_before']}",
-        f"load after:  {r['load_after']}",
+        f"verify, {r['groups']} groups × {r['group_size']} GSM8K-like responses; "
+        f"{r['machine']}; best of {r['rounds']} rounds",
+        "| what | responses/s | same-work ratio | p50 / p99 per request | client CPU | "
+        "service CPU | correct |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
+    for key, what in (
+        ("rule_fast_path", "same rule in-process, fast path on (default), Pool(2)"),
+        ("rule_no_fast_path", "same rule in-process, fast path off (all math-verify), Pool(2)"),
+        ("plain_math_verify", "plain math-verify in-process, Pool(2) (different work)"),
+    ):
+        b = r[key]
+        lines.append(f"| {what} | {b['rps']:,.0f} | 1.00 | – | – | – | {b['correct']} |"
+                     if key.startswith("rule") else
+                     f"| {what} | {b['rps']:,.0f} | – | – | – | – | {b['correct']} |")  # fmt: skip
+    for mode, label in (("fast_path", "fast path on"), ("no_fast_path", "fast path off")):
+        for shape, (per_request, clients) in SHAPES.items():
+            h = r[f"http_{mode}_{shape}"]
+            lines.append(
+                f"| HTTP /v1/math, {label}, {per_request * GROUP} responses/request, "
+                f"{clients} clients | {h['rps']:,.0f} | {r[f'ratio_{mode}_{shape}']:.2f} "
+                f"| {h['p50_ms']:.1f} / {h['p99_ms']:.1f} ms "
+                f"| {h['client_cpu_s']:.2f} s ({h['client_cpu_share']:.0%} of a core) "
+                f"| {h['service_cpu_s']:.2f} s | {h['correct']} |"
+            )
+    lines += [f"load before: {r['load_before']}", f"load after:  {r['load_after']}"]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=1319)
-    parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--json", action="store_true", help="print the dict as JSON too")
+    parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
-    logging.basicConfig(level=logging.INFO)
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    result = run(args.groups, args.concurrency, args.workers, rounds=args.rounds)
+    logging.basicConfig(level=logging.WARNING)
+    result = run(args.groups, args.workers, rounds=args.rounds)
     print(table(result))
     if args.json:
-        print(json.dumps(result, indent=2))
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

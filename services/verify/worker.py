@@ -70,7 +70,9 @@ def _parse(text: str, timeout_s: int, gold: bool) -> list[Any]:
         return []
 
 
-@lru_cache(maxsize=256)
+# Large enough for every reference of a big batch: the pool interleaves requests (fair
+# shares), so a small cache would see each group's reference evicted between its items.
+@lru_cache(maxsize=4096)
 def _parse_gold(gold: str, timeout_s: int) -> tuple[Any, ...]:
     return tuple(_parse(gold, timeout_s, gold=True))
 

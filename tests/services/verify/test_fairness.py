@@ -25,7 +25,9 @@ def _body(reference: str, responses: list[str]) -> dict[str, Any]:
 
 
 async def _settle(url: str) -> None:
-    """Wait until no item is queued or running (the restarts of the stuck ones are done)."""
+    """Wait until no item is queued or running: a stuck item an earlier test left running
+    reaches its deadline, and the pool answers a normal item again."""
+    await asyncio.sleep(DEADLINE_S + 0.5)
     async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         for _ in range(100):
             r = await client.post("/v1/math", json=_body("2", ["\\boxed{\\sqrt{4}}"]))
