@@ -4,8 +4,11 @@
 read) answers every ``/v1/*`` call without a valid ``Authorization: Bearer <key>`` with 401
 in the one envelope, and puts the caller's ``Principal`` (team, admin, limits; never the
 key) in ``request.state.principal``. ``/healthz``, ``/readyz``, ``/metrics`` and the API
-docs stay open. Without a keys file every caller is ``arbiter.keys.OPEN`` (team
-``anonymous``, no limits).
+docs stay open. HTTP Basic with the key as the password is accepted too: frameworks whose
+remote-reward client sends no headers of its own (OpenRLHF, slime: aiohttp) authenticate
+with the key in the URL, ``http://TEAM:KEY@gateway:8000/v1/compat/…``, which aiohttp turns
+into that header (the URL's userinfo never reaches the gateway's path or its logs).
+Without a keys file every caller is ``arbiter.keys.OPEN`` (team ``anonymous``, no limits).
 
 ``KeyStore`` re-reads the file when its modification time, size or inode changes (checked
 at most every ``GATEWAY_KEYS_RELOAD_S``; a Kubernetes Secret volume swaps a symlink, which
@@ -19,6 +22,7 @@ label.
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import time
@@ -95,12 +99,29 @@ class KeyStore:
                 code="missing_api_key",
             )
         scheme, _, key = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise Unauthorized("Authorization must be `Bearer <key>`", code="invalid_authorization")
-        principal = self.index().verify(key.strip())
+        key = key.strip()
+        if scheme.lower() == "basic":  # http://NAME:KEY@host/…: frameworks without headers
+            key = _basic_password(key)
+        elif scheme.lower() != "bearer":
+            key = ""
+        if not key:
+            raise Unauthorized(
+                "Authorization must be `Bearer <key>` (or Basic with the key as the password)",
+                code="invalid_authorization",
+            )
+        principal = self.index().verify(key)
         if principal is None:
             raise Unauthorized("unknown or revoked API key", code="invalid_api_key")
         return principal
+
+
+def _basic_password(token: str) -> str:
+    """The password of ``Basic base64(user:password)``, or "" if it is not one."""
+    try:
+        decoded = base64.b64decode(token, validate=True).decode()
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    return decoded.partition(":")[2].strip()
 
 
 def _authorization(scope: Scope) -> str | None:

@@ -3,6 +3,7 @@ logs or metrics."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,11 @@ FORMAT_ONLY = {"components": [{"name": "format"}]}
     ("label", "header", "recipe", "status", "code"),
     [
         (None, None, "gsm8k", 401, "missing_api_key"),  # no Authorization header at all
-        (None, "Basic dXNlcjpwdw==", "gsm8k", 401, "invalid_authorization"),  # not Bearer
+        (None, "Token abc", "gsm8k", 401, "invalid_authorization"),  # neither Bearer nor Basic
+        (None, "Basic dXNlcjpwdw==", "gsm8k", 401, "invalid_api_key"),  # Basic user:pw, no key
         (None, "Bearer arb_000000000000_" + "0" * 48, "gsm8k", 401, "invalid_api_key"),  # unknown
         (None, "Bearer not-a-key", "gsm8k", 401, "invalid_api_key"),  # malformed
+        (None, "Basic bm90IGJhc2U2NA", "gsm8k", 401, "invalid_authorization"),  # bad base64
         ("alpha", None, "gsm8k", 200, None),  # a team without allow-lists: anything
         ("alpha", None, FORMAT_ONLY, 200, None),  # inline recipes too
         ("beta", None, "gsm8k", 200, None),  # its one allowed recipe
@@ -172,3 +175,23 @@ def test_settings_need_redis_with_a_keys_file(tmp_path: Path) -> None:
     with pytest.raises(ValidationError, match="needs REDIS_URL"):
         GatewaySettings(keys_file=path, redis_url=None)
     assert GatewaySettings(keys_file=path, redis_url="redis://127.0.0.1:1/0").keys_file == path
+
+
+def test_frameworks_without_headers_authenticate_with_the_key_in_the_url(
+    gateway: Any, keys: Keys
+) -> None:
+    # slime's and OpenRLHF's remote-reward clients post with aiohttp and no headers of their
+    # own; aiohttp sends a URL's userinfo as HTTP Basic, whose password is the key.
+    from tests.services.gateway.test_compat_slime import remote_rm
+
+    base = gateway.url.replace("http://", f"http://alpha:{keys.keys['alpha']}@")
+    url = f"{base}/v1/compat/slime/gsm8k?window_ms=0"
+    status, body = asyncio.run(remote_rm(url, "1+1?", "<answer>2</answer>", "2"))
+    assert status == 200, body
+    wrong = gateway.url.replace("http://", f"http://alpha:{keys.keys['alpha']}x@")
+    status, body = asyncio.run(remote_rm(f"{wrong}/v1/compat/slime/gsm8k", "1+1?", "2", "2"))
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    basic = httpx.BasicAuth("anyone", keys.keys["beta"])
+    r = httpx.post(f"{gateway.url}/v1/score", json=_body(), auth=basic)
+    assert r.status_code == 200, r.text
+    assert keys.keys["alpha"].rsplit("_", 1)[1] not in Path(gateway.log_path).read_text()
