@@ -11,14 +11,16 @@ Starts Redis, verify, embedding and the gateway (``arbiter serve``, free ports),
   deep JSON, a wrong content type, 24 slow math items, a slow request it abandons after
   1 s, a 128 x 256 request. It must only ever get 4xx or 200.
 - ``--faults``: verify, then the embedding service, then Redis are killed (SIGKILL) and
-  restarted 3 s later; the recovery time is the time from the restart to the first
-  non-null score of that component (Redis: to the gateway's cache check reading ok).
+  restarted 3 s later; the recovery time is the time from the restart until a group never
+  sent before gets a non-null score of that component through the gateway (Redis: until
+  the gateway's cache check reads ok again).
 
 Every second: throughput, p50/p99 latency and error rate of the well-behaved clients,
 RSS of every process (children included) and the load average. At the end every group
 scored before is scored again: the cache must hold no wrong value.
 
-    .venv/bin/python -m bench.soak [--seconds 60] [--clients 8] [--faults] [--json PATH]
+    .venv/bin/python -m bench.soak [--seconds 60] [--clients 8] [--faults] [--no-hostile]
+        [--json PATH]
 """
 
 from __future__ import annotations
@@ -59,7 +61,6 @@ class Stats:
     scores: int = 0
     nulls: dict[str, int] = field(default_factory=dict)  # by error kind
     wrong: list[str] = field(default_factory=list)
-    ok_at: dict[str, list[float]] = field(default_factory=dict)  # component → t of non-null
     hostile: dict[str, int] = field(default_factory=dict)
     groups: list[dict[str, Any]] = field(default_factory=list)  # sent, for the cache check
 
@@ -79,12 +80,10 @@ def make_group(rng: random.Random) -> dict[str, Any]:
             "responses": responses}  # fmt: skip
 
 
-def check_group(sent: dict[str, Any], got: dict[str, Any], stats: Stats, t: float) -> None:
+def check_group(sent: dict[str, Any], got: dict[str, Any], stats: Stats) -> None:
     """Right, or null + error + masked; the reward is the weighted sum or null."""
     errors = {(e["component"], e["index"]) for e in got["errors"]}
     for name, scores in got["components"].items():
-        if any(s is not None for s in scores):
-            stats.ok_at.setdefault(name, []).append(t)
         for j, s in enumerate(scores):
             stats.scores += 1
             if s is None:
@@ -137,7 +136,7 @@ async def client(url: str, seed: int, stop: asyncio.Event, stats: Stats) -> None
                 stats.errors.append(t)
                 continue
             for sent, got in zip(groups, r.json()["groups"], strict=True):
-                check_group(sent, got, stats, t)
+                check_group(sent, got, stats)
             stats.groups.extend(g for g in groups if g not in stats.groups[-64:])
             del stats.groups[:-2000]
 
@@ -188,18 +187,22 @@ async def faults(procs: dict[str, ManagedProcess], gateway: str, seconds: float,
         restarted = stats.t()
         component = {"verify": "math_accuracy", "embedding": "diversity"}.get(name)
         recovered = None
-        deadline = restarted + 60
-        async with httpx.AsyncClient(timeout=5) as http:
+        deadline = restarted + 90
+        rng = random.Random(name)
+        async with httpx.AsyncClient(timeout=10) as http:
             while stats.t() < deadline and recovered is None:
                 await asyncio.sleep(0.2)
-                if component is not None:
-                    recovered = next((t for t in stats.ok_at.get(component, []) if t > restarted),
-                                     None)  # fmt: skip
-                else:
-                    with contextlib.suppress(httpx.HTTPError):
+                with contextlib.suppress(httpx.HTTPError, KeyError):
+                    if component is None:  # Redis: the gateway's cache check reads ok again
                         r = await http.get(f"{gateway}/readyz")
-                        if r.json()["checks"].get("cache") == "ok":
-                            recovered = stats.t()
+                        ok = r.json()["checks"].get("cache") == "ok"
+                    else:  # a group never sent before, so the answer cannot be cached
+                        recipe = {"components": [{"name": component}]}
+                        r = await http.post(f"{gateway}/v1/score", json={
+                            "recipe": recipe, "groups": [make_group(rng)]})  # fmt: skip
+                        ok = None not in r.json()["groups"][0]["components"][component]
+                    if ok:
+                        recovered = stats.t()
         took = None if recovered is None else round(recovered - restarted, 2)
         out.append({"service": name, "killed_at_s": round(killed, 1),
                     "restarted_at_s": round(restarted, 1), "recovery_s": took})  # fmt: skip
@@ -215,7 +218,7 @@ async def recheck(url: str, stats: Stats) -> int:
             r = await http.post(f"{url}/v1/score", json={"recipe": RECIPE, "groups": chunk})
             r.raise_for_status()
             for sent, got in zip(chunk, r.json()["groups"], strict=True):
-                check_group(sent, got, stats, stats.t())
+                check_group(sent, got, stats)
     return len(stats.wrong) - before
 
 
@@ -239,12 +242,13 @@ def start_stack(workdir: Path) -> dict[str, ManagedProcess]:
 
 
 async def soak(url: str, procs: dict[str, ManagedProcess], seconds: float, clients: int,
-               with_faults: bool) -> dict[str, Any]:  # fmt: skip
+               with_faults: bool, with_hostile: bool = True) -> dict[str, Any]:  # fmt: skip
     stats, stop = Stats(), asyncio.Event()
     timeline: list[dict[str, Any]] = []
     fault_log: list[dict[str, Any]] = []
     tasks = [asyncio.create_task(client(url, seed, stop, stats)) for seed in range(clients)]
-    tasks.append(asyncio.create_task(hostile(url, stop, stats.hostile)))
+    if with_hostile:
+        tasks.append(asyncio.create_task(hostile(url, stop, stats.hostile)))
     tasks.append(asyncio.create_task(sample(list(procs.values()), stop, stats, timeline)))
     if with_faults:
         fault_task = asyncio.create_task(faults(procs, url, seconds, stats, fault_log))
@@ -268,16 +272,19 @@ async def soak(url: str, procs: dict[str, ManagedProcess], seconds: float, clien
         "faults": fault_log, "timeline": timeline,
         "max_rss_mb": {name: max(s["rss_mb"][name] for s in timeline) for name in procs}
         if timeline else {},
+        "hostile_client": with_hostile,
         "cpus": os.cpu_count(), "load_avg_end": [round(x, 2) for x in os.getloadavg()],
     }  # fmt: skip
 
 
-def run(seconds: float = 60, clients: int = 8, with_faults: bool = False) -> dict[str, Any]:
+def run(
+    seconds: float = 60, clients: int = 8, with_faults: bool = False, with_hostile: bool = True
+) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="arbiter-soak-") as tmp:
         procs = start_stack(Path(tmp))
         try:
             url = f"http://127.0.0.1:{procs['gateway'].port}"
-            return asyncio.run(soak(url, procs, seconds, clients, with_faults))
+            return asyncio.run(soak(url, procs, seconds, clients, with_faults, with_hostile))
         finally:
             for proc in reversed(procs.values()):
                 proc.stop()
@@ -288,9 +295,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--faults", action="store_true")
+    parser.add_argument("--no-hostile", action="store_true", help="well-behaved clients only")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    out = run(args.seconds, args.clients, args.faults)
+    out = run(args.seconds, args.clients, args.faults, not args.no_hostile)
     summary = {k: v for k, v in out.items() if k != "timeline"}
     print(json.dumps(summary, indent=2))
     for s in out["timeline"]:

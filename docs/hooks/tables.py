@@ -14,6 +14,9 @@ the docs cannot drift from the code:
 - ``<!-- error-kinds -->``: every ``ErrorKind`` of ``arbiter.proto.errors``, whether it is
   retryable (``RETRYABLE_KINDS``) and the comment written beside it;
   ``<!-- error-types -->``: the same for the envelope's ``ErrorType``.
+- ``<!-- limits -->``: every limit checked before any work: the contract's bounds
+  (``arbiter.proto.limits``, the wire models' field bounds) and each service's limit
+  settings with their defaults, and the answer past each.
 
 An unknown marker fails the build (the hook raises), so a typo cannot ship an empty page.
 """
@@ -34,7 +37,8 @@ from arbiter.serve import SERVICES, settings_class
 
 # A marker is a line of its own (one quoted inside `code` in the prose is left alone).
 MARKER = re.compile(
-    r"^[ \t]*<!--\s*(settings|params|components|error-kinds|error-types)(?::\s*([a-z_]+))?\s*-->"
+    r"^[ \t]*<!--\s*(settings|params|components|error-kinds|error-types|limits)"
+    r"(?::\s*([a-z_]+))?\s*-->"
     r"[ \t]*$",
     re.MULTILINE,
 )
@@ -199,8 +203,69 @@ def _literal_table(name: str, header: str, retryable: bool) -> str:
     return "\n".join(rows)
 
 
+def _setting(service: str, name: str) -> str:
+    """``VAR`` (default) of one service setting, as a table cell."""
+    cls = settings_class(service)
+    info = cls.model_fields[name]
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    return f"`{_env_name(prefix, name, info)}` ({info.default:,})"
+
+
+def limits_table() -> str:
+    """The one table of limits: read from the code, so it cannot drift from it."""
+    limits = importlib.import_module("arbiter.proto.limits")
+    gateway = importlib.import_module("arbiter.proto.gateway")
+    embedding = importlib.import_module("arbiter.proto.embedding")
+    components = gateway.Recipe.model_fields["components"].metadata
+    max_components = next(m.max_length for m in components if hasattr(m, "max_length"))
+    per_service = " / ".join(("gateway", "verify", "embedding", "judge"))
+    body = "<br>".join(_setting(s, "max_body_bytes") for s in per_service.split(" / "))
+    chars = "<br>".join(_setting(s, "max_total_chars") for s in per_service.split(" / "))
+    rows = [
+        "| what | where | limit | past it |",
+        "| --- | --- | --- | --- |",
+        f"| request body, bytes (counted while read; `Content-Length` checked first) "
+        f"| every service | {body} | 413 `body_too_large` |",
+        f"| characters of all texts of one request | every service | {chars} "
+        f"| 422 `too_many_chars`, `param` names the text where the total crossed |",
+        f"| characters per prompt, reference or response | every service | "
+        f"{limits.MAX_TEXT_CHARS:,} | 422 `text_too_long` naming e.g. `groups.3.responses.7` |",
+        f"| responses per group | every service | {limits.MAX_RESPONSES:,} "
+        f"| 422 `list_too_long` naming `groups.N.responses` |",
+        f"| groups per request | every service | {limits.MAX_GROUPS:,} "
+        f"| 422 `list_too_long` naming `groups` |",
+        "| group `id` | every service | 256 characters | 422 `text_too_long` |",
+        "| strings | every service | valid Unicode (no lone surrogate such as `\\ud800`) "
+        "| 422 `invalid_unicode` naming the field |",
+        f"| free-form JSON (recipe params, compat payloads) | gateway "
+        f"| nested ≤ {limits.MAX_JSON_DEPTH} levels | 422 `too_deep` |",
+        "| the body itself | every service | JSON, UTF-8, nesting the parser can read "
+        "| 400 `invalid_json` |",
+        "| `Content-Type` | every service | `application/json` (or `+json`); absent is read "
+        "as JSON | 415 `unsupported_media_type` |",
+        f"| components per recipe | gateway | {max_components} (each once) "
+        f"| 422 naming `recipe.components` |",
+        f"| recipe weights | gateway | finite, \\|weight\\| ≤ {limits.MAX_WEIGHT:g} "
+        f"| 422 naming `recipe.components.N.weight` |",
+        f"| responses per request, all groups | verify | {_setting('verify', 'max_items')} "
+        f"| 413 `too_many_items` |",
+        f"| texts per request | embedding | {_setting('embedding', 'max_inputs')}; "
+        f"`/v1/embeddings` at most {embedding.MAX_EMBEDDING_INPUTS:,} on the wire "
+        f"| 413 `too_many_items` naming `input` or `groups` |",
+        f"| queued texts in the service | embedding "
+        f"| {_setting('embedding', 'max_queued_texts')} | 429 (retryable) |",
+        f"| requests in flight to the model server | judge "
+        f"| {_setting('judge', 'max_concurrency')} | queued, within each item's deadline |",
+        f"| calls in flight per component service | gateway "
+        f"| {_setting('gateway', 'max_concurrency')} | queued, within the component's deadline |",
+    ]
+    return "\n".join(rows)
+
+
 def _replace(match: re.Match[str]) -> str:
     kind, arg = match.group(1), match.group(2)
+    if kind == "limits":
+        return limits_table()
     if kind == "error-kinds":
         return _literal_table("ErrorKind", "kind", retryable=True)
     if kind == "error-types":
