@@ -206,41 +206,43 @@ class ArbiterClient:
         self._async = weakref.WeakKeyDictionary()
 
     # -- one request, retried ------------------------------------------------------------
-    def _next_delay(
-        self, policy: RetryPolicy, tries: int, r: httpx.Response | None
-    ) -> float | None:
-        """Seconds to wait before the next try, or None to stop here."""
-        if r is not None and not is_retryable_status(r.status_code):
-            return None
-        if tries >= policy.attempts:
-            return None
-        return policy.delay(tries - 1, retry_after_seconds(r) if r is not None else None)
+    def _settle(
+        self, what: str, policy: RetryPolicy, tries: int, outcome: httpx.Response | Exception
+    ) -> httpx.Response | float:
+        """After try ``tries`` of ``what``: the response to return, or the seconds to wait
+        before the next try (logged). A connection failure on the last try raises.
 
-    def _unreachable(self, exc: Exception, tries: int) -> ArbiterError:
-        cls = Timeout if isinstance(exc, httpx.TimeoutException) else Unavailable
-        return cls(f"gateway {self.base_url} not reached after {tries} tries: {exc!r}")
-
-    def _log_retry(self, what: str, tries: int, delay: float, why: str) -> None:
+        The one retry decision; ``_request`` and ``_arequest`` differ only in their I/O."""
+        if isinstance(outcome, httpx.Response):
+            if not is_retryable_status(outcome.status_code) or tries >= policy.attempts:
+                return outcome
+            delay = policy.delay(tries - 1, retry_after_seconds(outcome))
+            why = f"HTTP {outcome.status_code}"
+        else:
+            if tries >= policy.attempts:
+                cls = Timeout if isinstance(outcome, httpx.TimeoutException) else Unavailable
+                raise cls(
+                    f"gateway {self.base_url} not reached after {tries} tries: {outcome!r}"
+                ) from outcome
+            delay = policy.delay(tries - 1, None)
+            why = repr(outcome)
         log.warning("%s %s: %s; retry %d in %.2fs", what, self.base_url, why, tries, delay)
+        return delay
 
     def _request(
         self, method: str, path: str, policy: RetryPolicy, **kwargs: Any
     ) -> httpx.Response:
         client = self._sync_client()
         for tries in range(1, policy.attempts + 1):
+            outcome: httpx.Response | Exception
             try:
-                r = client.request(method, f"{self.base_url}{path}", **kwargs)
+                outcome = client.request(method, f"{self.base_url}{path}", **kwargs)
             except RETRY_EXCEPTIONS as exc:
-                delay = self._next_delay(policy, tries, None)
-                if delay is None:
-                    raise self._unreachable(exc, tries) from exc
-                self._log_retry(f"{method} {path}", tries, delay, repr(exc))
-            else:
-                delay = self._next_delay(policy, tries, r)
-                if delay is None:
-                    return r
-                self._log_retry(f"{method} {path}", tries, delay, f"HTTP {r.status_code}")
-            time.sleep(delay)
+                outcome = exc
+            step = self._settle(f"{method} {path}", policy, tries, outcome)
+            if isinstance(step, httpx.Response):
+                return step
+            time.sleep(step)
         raise AssertionError("unreachable")  # the loop returns or raises on its last try
 
     async def _arequest(
@@ -248,19 +250,15 @@ class ArbiterClient:
     ) -> httpx.Response:
         client = self._async_client()
         for tries in range(1, policy.attempts + 1):
+            outcome: httpx.Response | Exception
             try:
-                r = await client.request(method, f"{self.base_url}{path}", **kwargs)
+                outcome = await client.request(method, f"{self.base_url}{path}", **kwargs)
             except RETRY_EXCEPTIONS as exc:
-                delay = self._next_delay(policy, tries, None)
-                if delay is None:
-                    raise self._unreachable(exc, tries) from exc
-                self._log_retry(f"{method} {path}", tries, delay, repr(exc))
-            else:
-                delay = self._next_delay(policy, tries, r)
-                if delay is None:
-                    return r
-                self._log_retry(f"{method} {path}", tries, delay, f"HTTP {r.status_code}")
-            await asyncio.sleep(delay)
+                outcome = exc
+            step = self._settle(f"{method} {path}", policy, tries, outcome)
+            if isinstance(step, httpx.Response):
+                return step
+            await asyncio.sleep(step)
         raise AssertionError("unreachable")
 
     @staticmethod
