@@ -38,44 +38,12 @@ from typing import Any
 
 from arbiter.keys import create
 from arbiter.procs import ManagedProcess, free_port, redis_process, service_process
-from bench.gateway import _pct, _unique, cpu_seconds
+from bench.gateway import RawClient, _pct, _unique, cpu_seconds
 from bench.verify import load_groups
 
 log = logging.getLogger("bench.auth")
 
 SECRET = "bench-secret-" + "0" * 32
-
-
-class Client:
-    """One keep-alive HTTP/1.1 connection; POST JSON bytes with extra headers."""
-
-    def __init__(self, url: str, headers: dict[str, str]):
-        host, port = url.removeprefix("http://").split(":")
-        self.host, self.port = host, int(port)
-        self.head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def post(self, body: bytes, extra: str = "") -> int:
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        assert self.reader is not None
-        head = (
-            f"POST /v1/score HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json"
-            f"\r\ncontent-length: {len(body)}\r\n{self.head}{extra}\r\n"
-        )
-        self.writer.write(head.encode() + body)
-        raw = await self.reader.readuntil(b"\r\n\r\n")
-        length = 0
-        for line in raw.split(b"\r\n"):
-            if line[:15].lower() == b"content-length:":
-                length = int(line[15:])
-        await self.reader.readexactly(length)
-        return int(raw[9:12])
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
 
 
 @contextmanager
@@ -119,19 +87,19 @@ async def _rounds(
     urls: dict[str, str], key: str, groups: list[dict[str, Any]], n: int
 ) -> dict[str, dict[str, float]]:
     auth = {"Authorization": f"Bearer {key}"}
-    clients = {"off": Client(urls["off"], {}), "teams": Client(urls["teams"], auth)}
+    clients = {"off": RawClient(urls["off"]), "teams": RawClient(urls["teams"], auth)}
     hit_body = json.dumps({"recipe": "gsm8k", "groups": [groups[0]]}).encode()
-    replay_key = f"Idempotency-Key: {uuid.uuid4()}\r\n"
+    replay_key = {"Idempotency-Key": str(uuid.uuid4())}
     times: dict[str, list[float]] = {}
     rng = random.Random(7)
     for i in range(n + 20):  # the first 20 rounds warm up (and fill the hit cache)
-        steps: list[tuple[str, str, bytes, str]] = []
+        steps: list[tuple[str, str, bytes, dict[str, str]]] = []
         for k, name in enumerate(clients):
             for idem in (False, True) if name == "teams" else (False,):
                 nonce = (i * 4 + k) * 2 + idem
                 g = _unique(groups[(i + k) % len(groups)], nonce)
                 miss = json.dumps({"recipe": "gsm8k", "groups": [g]}).encode()
-                extra = f"Idempotency-Key: {uuid.uuid4()}\r\n" if idem else ""
+                extra = {"Idempotency-Key": str(uuid.uuid4())} if idem else {}
                 label = name + ("+idem" if idem else "")
                 steps.append((f"{label} miss", name, miss, extra))
                 steps.append((f"{label} hit", name, hit_body, extra))
@@ -139,9 +107,9 @@ async def _rounds(
         rng.shuffle(steps)
         for label, name, body, extra in steps:
             if label.endswith("+idem hit"):  # a new key each time: scored, not replayed
-                extra = f"Idempotency-Key: {uuid.uuid4()}\r\n"
+                extra = {"Idempotency-Key": str(uuid.uuid4())}
             start = time.perf_counter()
-            status = await clients[name].post(body, extra)
+            status, _ = await clients[name].post("/v1/score", body, extra)
             times.setdefault(label, []).append((time.perf_counter() - start) * 1000)
             assert status == 200, (label, status)
         if i == 19:

@@ -57,22 +57,31 @@ from bench.verify import load_groups
 log = logging.getLogger("bench.gateway")
 
 
-class RawClient:
-    """One keep-alive HTTP/1.1 connection; POST JSON bytes, get (status, body bytes)."""
+def _header_lines(headers: dict[str, str] | None) -> str:
+    return "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
 
-    def __init__(self, url: str):
+
+class RawClient:
+    """One keep-alive HTTP/1.1 connection; POST JSON bytes, get (status, body bytes).
+
+    ``headers`` go with every request, ``post(..., headers=)`` with that one."""
+
+    def __init__(self, url: str, headers: dict[str, str] | None = None):
         host, port = url.removeprefix("http://").split(":")
         self.host, self.port = host, int(port)
+        self.head = _header_lines(headers)
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+    async def post(
+        self, path: str, body: bytes, headers: dict[str, str] | None = None
+    ) -> tuple[int, bytes]:
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         assert self.reader is not None
         head = (
             f"POST {path} HTTP/1.1\r\nhost: {self.host}\r\ncontent-type: application/json\r\n"
-            f"content-length: {len(body)}\r\n\r\n"
+            f"content-length: {len(body)}\r\n{self.head}{_header_lines(headers)}\r\n"
         )
         self.writer.write(head.encode() + body)
         raw = await self.reader.readuntil(b"\r\n\r\n")
