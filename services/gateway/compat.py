@@ -4,7 +4,8 @@ Each route turns the framework's sample into (prompt, reference, response), hand
 the group collector (samples of the same prompt that arrive together are scored as one
 group, see ``collector``), and renders the one sample's result in the framework's shape:
 the recipe total plus every component. The recipe is named by the path; its fingerprint
-comes back in the ``X-Arbiter-Recipe-Fingerprint`` header.
+comes back in the ``X-Arbiter-Recipe-Fingerprint`` header. Reading the text out of each
+framework's shape is ``compat_text``'s.
 
 Null scores. OpenRLHF and slime turn every value into a tensor and have no "no signal"
 value, so a sample whose score could not be computed is answered with an error (503/504
@@ -17,14 +18,11 @@ then every null becomes that value and ``masked`` is 1.0. NeMo Gym has a field f
 from __future__ import annotations
 
 import asyncio
-import json
-import re
 from dataclasses import dataclass
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from prometheus_client import Counter
-from pydantic import JsonValue
 
 from arbiter.errors import Timeout, Unavailable, Unprocessable
 from arbiter.proto.compat import (
@@ -39,6 +37,14 @@ from arbiter.proto.errors import RETRYABLE_KINDS
 from arbiter.services.common.app import ERROR_RESPONSES
 from arbiter.services.common.responses import JSONBody
 from arbiter.services.gateway.collector import GroupCollector, GroupKey, SampleScore
+from arbiter.services.gateway.compat_text import (
+    REFERENCE_FIELDS,
+    as_reference,
+    last_user_text,
+    nemo_gym_texts,
+    split_query,
+    strip_markers,
+)
 from arbiter.services.gateway.settings import GatewaySettings, get_settings
 from arbiter.services.gateway.teams import Tenant, current_tenant
 
@@ -49,98 +55,6 @@ COMPAT_REQUESTS = Counter(
     "Sample-level (compat) requests by framework and outcome.",
     ["framework", "outcome"],
 )
-
-# Chat end-of-turn and end-of-sequence markers that decoders leave at the end of a
-# response (OpenRLHF decodes with skip_special_tokens=False): ChatML/Qwen, Llama 2/3,
-# Mistral, Gemma, Phi, GPT-2/NeoX, DeepSeek, gpt-oss, and padding.
-END_MARKERS = (
-    "<|im_end|>",
-    "<|endoftext|>",
-    "<|end_of_text|>",
-    "<|eot_id|>",
-    "<|eom_id|>",
-    "</s>",
-    "<end_of_turn>",
-    "<eos>",
-    "<|end|>",
-    "<|return|>",
-    "<｜end▁of▁sentence｜>",
-    "<|pad|>",
-    "<pad>",
-)
-_TRAILING = re.compile(
-    "(?:\\s|" + "|".join(re.escape(m) for m in END_MARKERS) + ")+\\Z"
-)  # fmt: skip
-
-
-def strip_markers(text: str) -> str:
-    """The response without the end-of-turn/EOS markers (and whitespace) it ends with."""
-    match = _TRAILING.search(text)
-    if match is None or not any(m in match.group() for m in END_MARKERS):
-        return text
-    return text[: match.start()]
-
-
-def split_query(query: str, prompt: str, param: str) -> str:
-    """The response part of ``query`` (= prompt + response, as OpenRLHF decodes it)."""
-    if query.startswith(prompt):
-        return query[len(prompt) :]
-    at = query.find(prompt) if prompt else -1
-    if at >= 0:  # a marker the decoder put before the prompt (a BOS token)
-        return query[at + len(prompt) :]
-    # Decoding can change whitespace around special tokens: match the prompt's characters
-    # in order, ignoring whitespace on both sides.
-    q = 0
-    for ch in prompt:
-        if ch.isspace():
-            continue
-        while q < len(query) and query[q].isspace():
-            q += 1
-        if q >= len(query) or query[q] != ch:
-            raise Unprocessable(
-                f"{param}: the query does not start with its prompt, so the response cannot "
-                "be split off (query must be the prompt followed by the response)",
-                param=param,
-                code="prompt_mismatch",
-            )
-        q += 1
-    # the whitespace the prompt ends with (ChatML's "assistant\n") belongs to the prompt
-    trailing = len(prompt) - len(prompt.rstrip())
-    while trailing and q < len(query) and query[q].isspace():
-        q, trailing = q + 1, trailing - 1
-    return query[q:]
-
-
-def as_reference(label: JsonValue) -> str | None:
-    if label is None:
-        return None
-    if isinstance(label, str):
-        return label
-    if isinstance(label, bool | int | float):
-        return str(label)
-
-    return json.dumps(label, ensure_ascii=False)
-
-
-def message_text(content: Any) -> str:
-    """A chat message's text: a string, or the text parts of a list of parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = [p.get("text") for p in content if isinstance(p, dict)]
-        return "".join(p for p in parts if isinstance(p, str))
-    return ""
-
-
-def last_user_text(messages: Any) -> str:
-    if isinstance(messages, str):
-        return messages
-    if isinstance(messages, list):
-        for msg in reversed(messages):
-            if isinstance(msg, dict) and msg.get("role", "user") == "user":
-                return message_text(msg.get("content"))
-    return ""
-
 
 # --- dependencies -------------------------------------------------------------------
 
@@ -257,8 +171,12 @@ def _fill(score: SampleScore, null_reward: float | None) -> tuple[float, dict[st
     return reward, comps, 1.0
 
 
+def _errors_text(score: SampleScore) -> str:
+    return "; ".join(f"{e['component']}: {e['kind']} ({e['message']})" for e in score.errors)
+
+
 def _unscorable(score: SampleScore) -> Exception:
-    why = "; ".join(f"{e['component']}: {e['kind']} ({e['message']})" for e in score.errors)
+    why = _errors_text(score)
     message = (
         f"the reward could not be computed: {why or 'a component returned null'}. "
         "Add ?null_reward=<value> to the URL (or set GATEWAY_COMPAT_NULL_REWARD) to get "
@@ -323,8 +241,6 @@ async def slime(
     return JSONBody(out, headers=_headers(scores))
 
 
-REFERENCE_FIELDS = ("expected_answer", "reference", "label", "answer", "ground_truth")
-
 # Arbiter's error kinds in NeMo Gym's failure vocabulary (nemo_gym/failure_kinds.py);
 # the rest are namespaced "arbiter:<kind>", which NeMo Gym accepts.
 NEMO_GYM_KINDS = {
@@ -341,24 +257,6 @@ _REFERENCE_FIELD = Query(
     description="The dataset field holding the reference "
     f"(default: the first of {', '.join(REFERENCE_FIELDS)} that is present).",
 )
-
-
-def nemo_gym_texts(
-    body: NemoGymVerifyRequest, reference_field: str | None
-) -> tuple[str, str | None, str]:
-    """(prompt, reference, response) of a NeMo Gym verify request."""
-    params = body.responses_create_params
-    prompt = last_user_text(params.get("input"))
-    extra = body.model_extra or {}
-    fields = (reference_field,) if reference_field else REFERENCE_FIELDS
-    reference = next((as_reference(extra[f]) for f in fields if extra.get(f) is not None), None)
-    texts = []
-    for item in body.response.get("output") or []:
-        if isinstance(item, dict) and item.get("type", "message") == "message":
-            for part in item.get("content") or []:
-                if isinstance(part, dict) and part.get("type") == "output_text":
-                    texts.append(str(part.get("text", "")))
-    return prompt, reference, strip_markers("".join(texts))
 
 
 @router.post(
@@ -382,9 +280,7 @@ async def nemo_gym_verify(
     if score.errors:
         first = score.errors[0]["kind"]
         failure_kind = NEMO_GYM_KINDS.get(first, f"arbiter:{first}")
-        failure_reason = "; ".join(
-            f"{e['component']}: {e['kind']} ({e['message']})" for e in score.errors
-        )[:2000]
+        failure_reason = _errors_text(score)[:2000]
     reward = score.reward if score.reward is not None else (opts.null_reward or 0.0)
     out = NemoGymVerifyResponse.model_validate(
         {

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from arbiter.errors import Unprocessable
-from arbiter.services.gateway.compat import last_user_text, split_query, strip_markers
+from arbiter.services.gateway.compat_text import last_user_text, split_query, strip_markers
 
 
 @pytest.mark.parametrize(
