@@ -1,15 +1,20 @@
 """A big valid request is scored right and does not hold the gateway's event loop: its
 CPU-bound steps run on a worker thread (``THREAD_RESPONSES``) and its cache round trips
-go in chunks (``CHUNK_KEYS``). Real gateway, verify and Redis."""
+go in chunks (``CHUNK_KEYS``). Rewards are finite or null. Real gateway, verify and Redis;
+a stand-in component only for a score no real one answers."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from pathlib import Path
 
 import httpx
 
 from arbiter.services.gateway.scoring import THREAD_RESPONSES
+from tests.conftest import start_service
+from tests.services.gateway.conftest import RawServer, http_reply
 
 
 async def _healthz_while(url: str, work: asyncio.Task[httpx.Response]) -> list[float]:
@@ -50,3 +55,32 @@ def test_a_big_request_is_scored_while_others_are_served(gateway_url: str) -> No
     # The loop stays free: a health check is never held for the whole request (on a
     # shared 2-core machine the CPU itself is contended, hence the generous bound).
     assert max(waits) < 2.0, f"healthz waited {max(waits):.2f} s"
+
+
+def test_a_sum_that_overflows_is_null_not_infinity(log_dir: Path, verify_url: str) -> None:
+    # Weights are bounded, but a component may answer a huge finite score: 1e308 x 1e6
+    # overflows. A stand-in format service answers 1e308 (no real one can be made to).
+    group = {"id": "", "scores": [1e308], "errors": []}
+    reply = json.dumps({"component": "format", "usage": {}, "groups": [group]}).encode()
+    server = RawServer(http_reply("200 OK", reply))
+    proc, url = start_service("gateway", log_dir, {
+        "GATEWAY_VERIFY_URL": verify_url,
+        "GATEWAY_COMPONENT_URLS": json.dumps({"format": server.url}),
+        "GATEWAY_CACHE_ENABLED": "false",
+    })  # fmt: skip
+    try:
+        recipe = {"components": [{"name": "format", "weight": 1e6},
+                                 {"name": "math_accuracy", "weight": 1.0}]}  # fmt: skip
+        body = {"recipe": recipe, "groups": [{"reference": "4", "responses": ["\\boxed{4}"]}]}
+        r = httpx.post(f"{url}/v1/score", json=body, timeout=30)
+        assert r.status_code == 200, r.text
+        assert "Infinity" not in r.text  # strict JSON
+        group = r.json()["groups"][0]
+        assert group["rewards"] == [None] and group["masked"] == [True]
+        assert group["components"]["math_accuracy"] == [1.0]
+        assert [(e["component"], e["index"], e["kind"]) for e in group["errors"]] == [
+            ("reward", 0, "bad_response")
+        ]
+    finally:
+        proc.stop()
+        server.close()
