@@ -33,12 +33,13 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from arbiter.keys import create
-from arbiter.procs import ManagedProcess, free_port, redis_process, service_process
-from bench.gateway import RawClient, _pct, _unique, cpu_seconds
+from arbiter.procs import free_port, redis_process, service_process
+from bench.gateway import RawClient, _pct, _unique, cpu_seconds, started
 from bench.verify import load_groups
 
 log = logging.getLogger("bench.auth")
@@ -52,12 +53,7 @@ def _stack(workdir: Path) -> Iterator[tuple[dict[str, str], dict[str, int], str]
     keys = workdir / "keys.yaml"
     key, _ = create(keys, "bench", secret=SECRET, limits={"responses_per_minute": 10**9})
     with ExitStack() as stack:
-
-        def start(proc: ManagedProcess) -> ManagedProcess:
-            proc.start()
-            stack.callback(proc.stop)
-            proc.wait_ready(120)
-            return proc
+        start = partial(started, stack)
 
         vport, rport = free_port(), free_port()
         start(service_process("verify", vport, env={"VERIFY_WORKERS": "2"},

@@ -206,17 +206,20 @@ async def _throughput(
     }
 
 
+def started(stack: ExitStack, proc: ManagedProcess, timeout: float = 120) -> ManagedProcess:
+    """``proc`` started and ready; stopped when ``stack`` closes."""
+    proc.start()
+    stack.callback(proc.stop)
+    proc.wait_ready(timeout)
+    return proc
+
+
 @contextmanager
 def _stack(
     verify_url: str | None, workdir: Path, baseline: Path | None = None
 ) -> Iterator[tuple[dict[str, str], dict[str, int]]]:
     with ExitStack() as stack:
-
-        def start(proc: ManagedProcess) -> ManagedProcess:
-            proc.start()
-            stack.callback(proc.stop)
-            proc.wait_ready(120)
-            return proc
+        start = partial(started, stack)
 
         if verify_url is None:
             port = free_port()
