@@ -34,7 +34,11 @@ def _score(groups: list[dict[str, object]], recipe: object = "gsm8k") -> bytes:
     return json.dumps({"recipe": recipe, "groups": groups}).encode()
 
 
-OK: dict[str, object] = {"id": "q", "reference": "4", "responses": ["<think>2+2</think><answer>4</answer>"]}
+OK: dict[str, object] = {
+    "id": "q",
+    "reference": "4",
+    "responses": ["<think>2+2</think><answer>4</answer>"],
+}
 
 # (body, content type, status, code, param): one refusal each, past a limit or malformed.
 GATEWAY_CASES = [
