@@ -29,7 +29,9 @@ class VerifySettings(ServiceSettings):
         "(default: 80 % of deadline_s, at least 1).",
     )
     max_items: int = Field(
-        default=8192, ge=1, description="Most responses in one request (all groups); past it: 413 too_many_items."
+        default=8192,
+        ge=1,
+        description="Most responses in one request (all groups); past it: 413 too_many_items.",
     )
     max_chunk: int = Field(
         default=32, ge=1, le=1024, description="Most items sent to a worker in one message."
