@@ -1,9 +1,10 @@
 """Work leaves with its client: a request whose client disconnects is cancelled.
 
 uvicorn does not cancel a route when its client goes away; it only answers the next
-``receive()`` with ``http.disconnect``. So once the app has read the whole body, this
-middleware listens on ``receive`` itself and, on ``http.disconnect`` before the response
-is complete, cancels the task that runs the request. The cancellation runs down every
+``receive()`` with ``http.disconnect``. So once the app has read the whole body (and the
+request is still running 50 ms later), this middleware listens on ``receive`` itself and,
+on ``http.disconnect`` before the response is complete, cancels the task that runs the
+request. The cancellation runs down every
 ``await`` of the route: the gateway's component calls (their connections close, so each
 component service sees its own client leave), a verify request's queued pool items, the
 embedding batcher's queued texts, the judge's waiting and running calls.
@@ -26,6 +27,9 @@ CANCELLED = Counter(
     ["service"],
 )
 CLIENT_CLOSED = 499
+# Listening starts this long after the body is read: a request answered sooner (most of
+# them) costs a timer, not a task; a client that leaves is noticed this much later at most.
+WATCH_AFTER_S = 0.05
 
 
 class CancelOnDisconnect:
@@ -45,6 +49,8 @@ class CancelOnDisconnect:
         complete = False  # the response's last byte is sent: a disconnect now is normal
         cancelled = False
         watcher: asyncio.Task[None] | None = None
+        later: asyncio.TimerHandle | None = None
+        loop = asyncio.get_running_loop()
 
         async def watch() -> None:
             nonlocal cancelled
@@ -55,14 +61,20 @@ class CancelOnDisconnect:
                 cancelled = True
                 task.cancel()
 
-        async def receive_wrapper() -> Message:
+        def start_watching() -> None:
             nonlocal watcher
-            if watcher is not None:  # the body is read; only a disconnect can come now
+            if not complete:
+                watcher = asyncio.create_task(watch())
+
+        async def receive_wrapper() -> Message:
+            nonlocal later
+            if later is not None:  # the body is read; only a disconnect can come now
                 await gone.wait()
                 return {"type": "http.disconnect"}
             message = await receive()
             if message["type"] == "http.request" and not message.get("more_body", False):
-                watcher = asyncio.create_task(watch())
+                # Most requests are answered within moments: they never pay for a task.
+                later = loop.call_later(WATCH_AFTER_S, start_watching)
             return message
 
         async def send_wrapper(message: Message) -> None:
@@ -82,6 +94,8 @@ class CancelOnDisconnect:
             await send({"type": "http.response.start", "status": CLIENT_CLOSED, "headers": []})
         finally:
             complete = True
+            if later is not None:
+                later.cancel()
             if watcher is not None:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
