@@ -221,11 +221,14 @@ def limits_table() -> str:
     per_service = " / ".join(("gateway", "verify", "embedding", "judge"))
     body = "<br>".join(_setting(s, "max_body_bytes") for s in per_service.split(" / "))
     chars = "<br>".join(_setting(s, "max_total_chars") for s in per_service.split(" / "))
+    held = "<br>".join(_setting(s, "max_buffered_bytes") for s in per_service.split(" / "))
     rows = [
         "| what | where | limit | past it |",
         "| --- | --- | --- | --- |",
         f"| request body, bytes (counted while read; `Content-Length` checked first) "
         f"| every service | {body} | 413 `body_too_large` |",
+        f"| bodies of all requests in progress, bytes together | every service | {held} "
+        f"| 429 `too_busy` (retryable, `Retry-After: 1`) |",
         f"| characters of all texts of one request | every service | {chars} "
         f"| 422 `too_many_chars`, `param` names the text where the total crossed |",
         f"| characters per prompt, reference or response | every service | "

@@ -229,6 +229,7 @@ def create_service_app(
         app.add_middleware(
             LimitsMiddleware,
             max_body_bytes=settings.max_body_bytes,
+            max_buffered_bytes=settings.max_buffered_bytes,
             max_total_chars=settings.max_total_chars,
             env_prefix=str(settings.model_config.get("env_prefix", "")),
         )

@@ -6,7 +6,9 @@ For a request with a body it
    reading the body;
 2. refuses a body whose ``Content-Length`` is over ``<PREFIX>_MAX_BODY_BYTES`` at once, and
    counts the bytes of one sent in chunks, refusing it as soon as the count passes the
-   limit (413 ``body_too_large``): a 50 MB body is never held in memory;
+   limit (413 ``body_too_large``): a 50 MB body is never held in memory. The bodies of all
+   requests in progress together are held to ``<PREFIX>_MAX_BUFFERED_BYTES`` (429
+   ``too_busy``, retryable), so memory stays bounded however many arrive at once;
 3. refuses a string holding a lone UTF-16 surrogate (422 ``invalid_unicode``, ``param``
    naming the field): JSON can spell one (``"\\ud800"``), Python's parser accepts it, and
    nothing downstream can encode it. Only a body that contains such an escape is parsed
@@ -33,6 +35,7 @@ from arbiter.errors import (
     ArbiterError,
     BadRequest,
     PayloadTooLarge,
+    RateLimited,
     Unprocessable,
     UnsupportedMediaType,
 )
@@ -89,12 +92,30 @@ class LimitsMiddleware:
     """See the module docstring. ``env_prefix`` names the settings in error messages."""
 
     def __init__(
-        self, app: ASGIApp, *, max_body_bytes: int, max_total_chars: int, env_prefix: str
+        self,
+        app: ASGIApp,
+        *,
+        max_body_bytes: int,
+        max_total_chars: int,
+        env_prefix: str,
+        max_buffered_bytes: int | None = None,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_buffered_bytes = max_buffered_bytes or 4 * max_body_bytes
+        self.buffered = 0  # bytes of the bodies of every request in progress
         self.limits = RequestLimits(max_total_chars=max_total_chars)
+        self.prefix = env_prefix
         self.setting = f"{env_prefix}MAX_BODY_BYTES"
+
+    def _too_busy(self) -> RateLimited:
+        err = RateLimited(
+            f"the bodies of the requests in progress already take {self.buffered} bytes "
+            f"(at most {self.max_buffered_bytes}, {self.prefix}MAX_BUFFERED_BYTES); retry shortly",
+            code="too_busy",
+        )
+        err.retry_after = 1.0
+        return err
 
     def _too_large(self, size: str) -> PayloadTooLarge:
         return PayloadTooLarge(
@@ -123,27 +144,37 @@ class LimitsMiddleware:
         if length.isdigit() and int(length) > self.max_body_bytes:
             await _refuse(scope, send, self._too_large(length.decode()))
             return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":  # the client left while sending
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_body_bytes:
-                await _refuse(scope, send, self._too_large(f"over {self.max_body_bytes}"))
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        del chunks
-        where = lone_surrogate(body)
-        if where is not None:
-            await _refuse(scope, send, invalid_unicode(where))
+        if length.isdigit() and self.buffered + int(length) > self.max_buffered_bytes:
+            await _refuse(scope, send, self._too_busy())
             return
-        await self._run(scope, receive, send, body)
+        chunks: list[bytes] = []
+        size = 0  # this body's bytes, all held against the shared budget until it is done
+        try:
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # the client left while sending
+                    return
+                chunk = message.get("body", b"")
+                if size + len(chunk) > self.max_body_bytes:
+                    await _refuse(scope, send, self._too_large(f"over {self.max_body_bytes}"))
+                    return
+                if self.buffered + len(chunk) > self.max_buffered_bytes:
+                    await _refuse(scope, send, self._too_busy())
+                    return
+                size += len(chunk)
+                self.buffered += len(chunk)
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    break
+            body = b"".join(chunks)
+            del chunks
+            where = lone_surrogate(body)
+            if where is not None:
+                await _refuse(scope, send, invalid_unicode(where))
+                return
+            await self._run(scope, receive, send, body)
+        finally:
+            self.buffered -= size
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         sent = False
@@ -186,14 +217,10 @@ def unreadable_body(cause: BaseException | None) -> BadRequest:
 async def _refuse(scope: Scope, send: Send, exc: ArbiterError) -> None:
     """Answer ``exc`` in the one envelope without calling the app."""
     body = exc.envelope().model_dump_json().encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": exc.status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        *((k.lower().encode(), v.encode()) for k, v in exc.headers.items()),
+    ]
+    await send({"type": "http.response.start", "status": exc.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -3,15 +3,16 @@
 ``ServiceSettings`` carries the policy every service shares (unknown variables ignored,
 settings frozen once read) and the fields ``arbiter serve`` reads: ``host``, ``port``,
 ``log_level``, ``access_log``, and the limits every service enforces before any work
-(``max_body_bytes``, ``max_total_chars``). Each service's class sets only its ``env_prefix`` and its
-own port default - the one place a service's port is written down.
+(``max_body_bytes``, ``max_buffered_bytes``, ``max_total_chars``). Each service's class
+sets only its ``env_prefix`` and its own port default - the one place a service's port is
+written down.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from arbiter.proto.limits import MAX_TOTAL_CHARS
@@ -45,6 +46,14 @@ class ServiceSettings(BaseSettings):
         description="Largest request body in bytes, counted while it is read; past it: 413 "
         "body_too_large.",
     )
+    max_buffered_bytes: int = Field(
+        default=128 * 1024 * 1024,
+        ge=1024,
+        le=16 * 1024 * 1024 * 1024,
+        description="Most bytes of the bodies of all requests in progress together (at least "
+        "max_body_bytes); past it: 429 too_busy, retryable. Bounds memory however many "
+        "large bodies arrive at once.",
+    )
     max_total_chars: int = Field(
         default=MAX_TOTAL_CHARS,
         ge=1,
@@ -52,3 +61,14 @@ class ServiceSettings(BaseSettings):
         description="Most characters of all the texts (prompts, references, responses, "
         "inputs) of one request; past it: 422 too_many_chars naming the text.",
     )
+
+    @model_validator(mode="after")
+    def _buffered_holds_a_body(self) -> Self:
+        if self.max_buffered_bytes < self.max_body_bytes:
+            prefix = str(self.model_config.get("env_prefix", "")).upper()
+            raise ValueError(
+                f"{prefix}MAX_BUFFERED_BYTES={self.max_buffered_bytes} is less than "
+                f"{prefix}MAX_BODY_BYTES={self.max_body_bytes}: no body that large could "
+                "ever be received; raise it or lower MAX_BODY_BYTES"
+            )
+        return self

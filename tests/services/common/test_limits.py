@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -186,3 +188,38 @@ def test_not_found_and_wrong_method_have_codes(verify_url: str) -> None:
     assert httpx.get(f"{verify_url}/v1/nowhere").json()["error"]["code"] == "not_found"
     r = httpx.get(f"{verify_url}/v1/math")
     assert r.status_code == 405 and r.json()["error"]["code"] == "method_not_allowed"
+
+
+@pytest.fixture(scope="module")
+def tight_gateway(log_dir: Path, verify_url: str) -> Iterator[str]:
+    """Room for one 64 KiB body at a time, across all requests."""
+    proc, url = start_service("gateway", log_dir, {
+        "GATEWAY_VERIFY_URL": verify_url,
+        "GATEWAY_MAX_BODY_BYTES": str(SMALL_BODY),
+        "GATEWAY_MAX_BUFFERED_BYTES": str(SMALL_BODY),
+    })  # fmt: skip
+    yield url
+    proc.stop()
+
+
+def test_bodies_in_progress_share_one_budget(tight_gateway: str) -> None:
+    # A client sends half a body and stalls: the budget holds its bytes. A second body
+    # that would take the total past the budget is refused at once, retryable; once the
+    # first is done the second goes through.
+    parts = urlsplit(tight_gateway)
+    stalled = socket.create_connection((parts.hostname or "", parts.port or 0))
+    body = _score([{"reference": "1", "responses": ["1" * 40_000]}])
+    head = (f"POST /v1/score HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\n\r\n").encode()  # fmt: skip
+    stalled.sendall(head + body[:40_000])
+    time.sleep(0.5)
+    r = httpx.post(f"{tight_gateway}/v1/score", content=body,
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 429, r.text
+    assert r.json()["error"]["code"] == "too_busy" and r.headers["retry-after"] == "1"
+    stalled.sendall(body[40_000:])
+    assert stalled.recv(64).startswith(b"HTTP/1.1 200")
+    stalled.close()
+    r = httpx.post(f"{tight_gateway}/v1/score", content=body,
+                   headers={"content-type": "application/json"})  # fmt: skip
+    assert r.status_code == 200, r.text
