@@ -223,3 +223,22 @@ def test_bodies_in_progress_share_one_budget(tight_gateway: str) -> None:
     r = httpx.post(f"{tight_gateway}/v1/score", content=body,
                    headers={"content-type": "application/json"})  # fmt: skip
     assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        # NeMo Gym's extra fields ride along and are echoed back: 300 deep was a 500
+        ("/v1/compat/nemo-gym/gsm8k/verify",
+         {"responses_create_params": {"input": "q"}, "response": {"output": []},
+          "extra": _deep(300)}),
+        # slime's label is free-form JSON
+        ("/v1/compat/slime/gsm8k", {"prompt": "p", "response": "r", "label": _deep(40)}),
+    ],
+)  # fmt: skip
+def test_compat_payloads_are_bounded_in_depth(
+    gateway_url: str, path: str, body: dict[str, object]
+) -> None:
+    r = httpx.post(f"{gateway_url}{path}", json=body)
+    assert r.status_code == 422, r.text
+    assert r.json()["error"]["code"] == "too_deep"
