@@ -224,8 +224,8 @@ def to_number(candidate: str) -> Number | None:
     digits = digits.replace(",", "")
     if digits.endswith("."):
         digits = digits[:-1]
-    try:
-        value = Fraction(digits)
+    try:  # an integer (most answers) skips Fraction's string parser
+        value = Fraction(int(digits)) if digits.isdigit() else Fraction(digits)
     except (ValueError, ZeroDivisionError):
         return None
     if den is not None:
@@ -282,7 +282,7 @@ def _refine(text: str, allow_whole: bool) -> Extraction:
     """Rules 2–4 (and 5 when ``allow_whole`` is False) applied to ``text``."""
     boxes = [b for b in boxed_contents(text) if b.strip()]
     if boxes:
-        if len({_key(b) for b in boxes}) > 1:
+        if len(boxes) > 1 and len({_key(b) for b in boxes}) > 1:
             return Extraction("conflict", detail=f"{len(boxes)} \\boxed{{}} with different values")
         return Extraction("ok", boxes[-1], "boxed")
     after = _after_last(_HASHES, text)
@@ -307,7 +307,7 @@ def extract_answer(response: str) -> Extraction:
         oks = [f for f in found if f.status == "ok"]
         if not oks:
             return Extraction("none", detail="empty <answer> block")
-        if len({_key(f.text) for f in oks}) > 1:
+        if len(oks) > 1 and len({_key(f.text) for f in oks}) > 1:
             detail = f"{len(oks)} <answer> blocks with different values"
             return Extraction("conflict", detail=detail)
         return Extraction("ok", oks[-1].text, "answer_tag")

@@ -51,6 +51,12 @@ PATHS = Counter(
     ["path"],
 )
 
+# The labelled children, looked up once: ``labels()`` costs more than the fast path's
+# comparison itself, and it ran several times per item.
+_PATH = {p: PATHS.labels(p) for p in ("fast_path", "pool", "no_answer", "conflict")}
+_MATH_OUTCOME = {o: ITEMS.labels("math_accuracy", o) for o in ("correct", "wrong", "null")}
+_FORMAT_OUTCOME = {o: ITEMS.labels("format", o) for o in ("correct", "wrong", "null")}
+
 # Slack on top of the per-item deadlines before a request gives up on queued items.
 _REQUEST_SLACK_S = 30.0
 
@@ -79,18 +85,18 @@ def plan_item(
     """Extract the response's answer; decide it here (a score) or hand it on (a pool item)."""
     ex = extract_answer(response)
     if ex.status != "ok":
-        PATHS.labels("conflict" if ex.status == "conflict" else "no_answer").inc()
+        _PATH["conflict" if ex.status == "conflict" else "no_answer"].inc()
         return ex, 0.0
     p_num = to_number(ex.text) if fast and g_num is not None else None
     if g_num is not None and p_num is not None:
-        PATHS.labels("fast_path").inc()
+        _PATH["fast_path"].inc()
         return ex, 1.0 if numbers_equal(g_num, p_num, rel_tol) else 0.0
     if fast and g_num is not None and g_num.value.denominator == 1 and not g_num.percent:
         digits = long_integer(ex.text)  # integers compare exactly, whatever their length
         if digits is not None:
-            PATHS.labels("fast_path").inc()
+            _PATH["fast_path"].inc()
             return ex, 1.0 if digits == str(g_num.value.numerator) else 0.0
-    PATHS.labels("pool").inc()
+    _PATH["pool"].inc()
     return ex, (gold, ex.text, rel_tol, not fast)
 
 
@@ -199,7 +205,7 @@ class Verifier:
                     errors.append(error)
                     ITEM_ERRORS.labels(error.kind).inc()
                 scores.append(result.score)
-                ITEMS.labels("math_accuracy", _outcome(result.score)).inc()
+                _MATH_OUTCOME[_outcome(result.score)].inc()
             info: dict[str, object] = {"answers": answers}
             if conflicts:
                 info["conflicts"] = conflicts
@@ -239,7 +245,7 @@ class Verifier:
             scores: list[float | None] = [format_score(r, req.params) for r in group.responses]
             n_items += len(scores)
             for s in scores:
-                ITEMS.labels("format", _outcome(s)).inc()
+                _FORMAT_OUTCOME[_outcome(s)].inc()
             out.append(ComponentGroupResult(id=group.id, scores=scores))
         return ComponentResponse(
             component="format",
