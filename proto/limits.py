@@ -79,6 +79,7 @@ def check_texts_total(texts: list[str], param: str) -> None:
 
 
 def _crossed(groups_param: str, group: _Group, before: int, limit: int) -> None:
+    """Raise for the text of ``group`` at which the running total first passes ``limit``."""
     total = before + len(group.prompt)
     if total > limit:
         raise _too_many(f"{groups_param}.prompt", limit)
