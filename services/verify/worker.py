@@ -16,6 +16,7 @@ a replacement worker starts in milliseconds and its first item costs no more tha
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import time
@@ -160,6 +161,12 @@ def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
 
 
 def warm_up() -> None:
-    """Score a few items of each kind once (the forkserver calls this at preload)."""
+    """Score a few items of each kind once (the forkserver calls this at preload). Best
+    effort: a failure here only means the first items are slower."""
+    with contextlib.suppress(Exception):
+        _warm_up()
+
+
+def _warm_up() -> None:
     for gold, pred in (("5", "\\sqrt{25}"), ("x+1", "1+x"), ("\\frac{1}{2}", "0.5"), ("3", "3!")):
         score_item(gold, pred, 1e-6, 5, True)
