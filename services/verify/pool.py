@@ -16,17 +16,17 @@ makes it non-blocking, so a blocking ``Connection.send`` of a large chunk would 
 own framing, so the worker keeps its plain blocking ``recv``/``send``. A big item costs
 the time to copy it and at most its deadline; it never looks like a dead worker.
 
-Fairness: every ``submit`` is a request with its own queue, charged with the worker time
-its items took (a killed item: its deadline). A chunk is filled from every request with
-items queued, a share each, the least charged first: a new request's items lead the next
-chunk taken, however many items others queued before it or however slow theirs are. And a
-slot whose chunk has run for
-``yield_after_s`` while other items wait raises a flag in the shared array: the worker
-stops after its current item and sends what it has; the rest goes back to the queue. So
-one request's items delay another's by at most the running item (≤ its deadline), however
-many it sent. ``cancel`` drops a request's queued items and flags chunks holding its items;
-an item already running is left to finish or to its deadline (killing it would cost a
-respawn for at most one item's time).
+Fairness (the queue is ``queue.FairQueue``): every ``submit`` is a request with its own
+queue, charged with the worker time its items took (a killed item: its deadline). A chunk
+is filled from every request with items queued, a share each, the least charged first: a
+new request's items lead the next chunk taken, however many items others queued before it
+or however slow theirs are. And a slot whose chunk has run for ``yield_after_s`` while
+other items wait raises a flag in the shared array: the worker stops after its current
+item and sends what it has; the rest goes back to the queue. So one request's items delay
+another's by at most the running item (≤ its deadline), however many it sent. ``cancel``
+drops a request's queued items and flags chunks holding its items; an item already
+running is left to finish or to its deadline (killing it would cost a respawn for at most
+one item's time).
 
 Workers start from a forkserver that has math-verify preloaded (a replacement is ready in
 milliseconds), or with ``spawn``.
@@ -38,13 +38,11 @@ import asyncio
 import contextlib
 import itertools
 import logging
-import math
 import multiprocessing as mp
 import pickle
 import socket
 import struct
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -54,6 +52,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from arbiter.errors import ItemResult
 from arbiter.proto.errors import ErrorKind
+from arbiter.services.verify.queue import FairQueue, Job, Ticket
 from arbiter.services.verify.worker import RUNNING, STARTED, YIELD, Item, worker_main
 
 log = logging.getLogger("arbiter.verify.pool")
@@ -68,41 +67,14 @@ CHUNK_SECONDS = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 ITEMS_RUN = Counter("verify_pool_items_run_total", "Items a pool worker started scoring.")
-ITEMS_DROPPED = Counter(
-    "verify_pool_items_dropped_total",
-    "Queued items never run because their request was cancelled (its client left).",
-)
 YIELDS = Counter(
     "verify_pool_yields_total",
     "Chunks a worker handed back early so that other requests' items could run.",
 )
 
 _EOF = object()
-# Charged to a request per item when its chunk is taken (its real time is added after).
-_TAKE_CHARGE_S = 0.001
-# A request gives at least this many items in a row to a chunk (when it has them): one
-# result message per request per chunk, and its group's reference parsed once, not once
-# per item. Fairness does not suffer: a chunk hands back after yield_after_s when others wait.
-_MIN_SHARE = 8
 _READY_TIMEOUT_S = 60.0
 _READ_LIMIT = 1 << 20
-
-
-@dataclass(eq=False)
-class Ticket:
-    """One request's items in the pool: its own queue, and the futures of its results."""
-
-    futures: list[asyncio.Future[ItemResult]]
-    jobs: deque[Job] = field(default_factory=deque)
-    charge: float = 0.0  # worker seconds its items have taken so far
-    cancelled: bool = False
-
-
-@dataclass(eq=False)
-class Job:
-    item: Item
-    future: asyncio.Future[ItemResult]
-    ticket: Ticket
 
 
 @dataclass(eq=False)
@@ -151,8 +123,7 @@ class WorkerPool:
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             self._ctx.set_forkserver_preload(["arbiter.services.verify.warmup"])
-        self._waiting: dict[Ticket, None] = {}  # requests with queued items, in arrival order
-        self._queued = 0
+        self._queue = FairQueue()
         self._has_work = asyncio.Event()
         self._workers: list[_Worker | None] = [None] * size
         self._tasks: list[asyncio.Task[None]] = []
@@ -180,19 +151,11 @@ class WorkerPool:
                 with contextlib.suppress(Exception):
                     w.writer.write(_frame(None))
                 await self._retire(i, graceful=True)
-        for ticket in self._waiting:
-            for job in ticket.jobs:
-                if not job.future.done():
-                    job.future.set_result(
-                        ItemResult(None, "unavailable", "verify service shutting down")
-                    )
-            ticket.jobs.clear()
-        self._waiting.clear()
-        self._queued = 0
+        self._queue.close(ItemResult(None, "unavailable", "verify service shutting down"))
 
     @property
     def queued(self) -> int:
-        return self._queued
+        return self._queue.queued
 
     @property
     def alive(self) -> int:
@@ -283,72 +246,28 @@ class WorkerPool:
 
     def submit(self, items: list[Item]) -> Ticket:
         """Queue one request's items; ``ticket.futures`` give their results, in order."""
-        loop = asyncio.get_running_loop()
-        ticket = Ticket(futures=[])
-        for item in items:
-            fut: asyncio.Future[ItemResult] = loop.create_future()
-            ticket.futures.append(fut)
-            ticket.jobs.append(Job(item, fut, ticket))
+        ticket = self._queue.submit(items)
         if items:
-            self._queued += len(items)
-            self._waiting[ticket] = None
             self._has_work.set()
         return ticket
 
     def cancel(self, ticket: Ticket) -> None:
-        """The request is gone: drop its queued items, ask workers running its items to stop
-        after their current one, and cancel its futures."""
-        ticket.cancelled = True
-        dropped = sum(1 for job in ticket.jobs if not job.future.done())
-        self._queued -= len(ticket.jobs)
-        ticket.jobs.clear()
-        self._waiting.pop(ticket, None)
-        ITEMS_DROPPED.inc(dropped)
+        """The request is gone: drop its queued items, cancel its futures, and ask workers
+        running its items to stop after their current one."""
+        self._queue.cancel(ticket)
         for w in self._workers:
             if w is not None and any(job.ticket is ticket for job in w.chunk):
                 w.shared[YIELD] = 1.0
-        for fut in ticket.futures:
-            fut.cancel()
 
     def _take(self) -> list[Job]:
-        """A chunk: a share from every request with items queued, the least charged first
-        (ties: the earliest), so the head of the chunk is the request served least."""
-        n = min(self.max_chunk, max(1, math.ceil(self._queued / self.size)))
-        chunk: list[Job] = []
-        while self._waiting and len(chunk) < n:
-            order = sorted(self._waiting, key=lambda t: t.charge)
-            for k, ticket in enumerate(order):
-                share = max(_MIN_SHARE, (n - len(chunk)) // (len(order) - k))
-                while ticket.jobs and share > 0:
-                    job = ticket.jobs.popleft()
-                    self._queued -= 1
-                    if not job.future.done():
-                        chunk.append(job)
-                        share -= 1
-                    elif job.future.cancelled():  # its caller went away
-                        ITEMS_DROPPED.inc()
-                if not ticket.jobs:
-                    del self._waiting[ticket]
-                if len(chunk) >= n:
-                    break
-        for job in chunk:
-            job.ticket.charge += _TAKE_CHARGE_S  # in flight: not free any more
-        if not self._queued:
+        chunk = self._queue.take(self._queue.chunk_size(self.size, self.max_chunk))
+        if not self._queue.queued:
             self._has_work.clear()
         return chunk
 
     def _requeue(self, jobs: list[Job]) -> None:
-        """Put jobs back at the head of their own request's queue (order kept)."""
-        for job in reversed(jobs):
-            ticket = job.ticket
-            if job.future.done() or ticket.cancelled:
-                if job.future.cancelled() or ticket.cancelled:
-                    ITEMS_DROPPED.inc()
-                continue
-            ticket.jobs.appendleft(job)
-            self._queued += 1
-            self._waiting[ticket] = None
-        if self._queued:
+        self._queue.requeue(jobs)
+        if self._queue.queued:
             self._has_work.set()
 
     # ------------------------------------------------------------------ slots
@@ -359,7 +278,7 @@ class WorkerPool:
             if w is None or w.dead or not w.proc.is_alive():
                 await self._replace(slot, "died_idle")
                 continue
-            if not self._queued:
+            if not self._queue.queued:
                 self._has_work.clear()
                 await self._has_work.wait()  # also set when a worker's socket closes
                 continue
@@ -418,7 +337,7 @@ class WorkerPool:
                         break
                     continue
                 if not asked and time.monotonic() >= yield_at:
-                    if self._queued:  # others wait: stop after the current item
+                    if self._queue.queued:  # others wait: stop after the current item
                         w.shared[YIELD] = 1.0
                         asked = True
                     else:
