@@ -110,10 +110,10 @@ def _run_trainer(
     run_dir = Path(settings["run_dir"])
     cfg_path = a.work / f"{tag}.yaml"
     cfg_path.write_text(yaml.safe_dump(settings, sort_keys=False))
-    launch = [sys.executable, "-m", "trainer"]
+    launch = [sys.executable, "-m", "arbiter.trainer"]
     if a.nproc > 1:  # data parallel, one process per GPU, as a user would run it
         launch = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                  f"--nproc_per_node={a.nproc}", "-m", "trainer"]  # fmt: skip
+                  f"--nproc_per_node={a.nproc}", "-m", "arbiter.trainer"]  # fmt: skip
     cmd = [*launch, "--config", str(cfg_path), *overrides]
     t1 = time.perf_counter()
     try:

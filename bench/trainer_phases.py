@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -29,6 +30,21 @@ def prompts(a: ModuleType, tok: Any, dev: str) -> tuple[torch.Tensor, torch.Tens
         texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False
     ).to(dev)
     return enc["input_ids"], enc["attention_mask"]
+
+
+def use_gsm8k(a: ModuleType, path: Path) -> None:
+    """Both sides (ours and the anchor's TRL phase) take their prompts from GSM8K: the
+    anchor's ``prompts_messages`` is replaced, questions in file order, in the trainer's
+    chat prompt (``arbiter.trainer.data.chat_messages``)."""
+    from arbiter.trainer.data import chat_messages, load_problems
+
+    problems = load_problems(path)
+
+    def prompts_messages(n: int) -> list[dict[str, Any]]:
+        rows = [problems[i % len(problems)] for i in range(n)]
+        return [{"prompt": chat_messages(p.question), "answer": p.reference} for p in rows]
+
+    vars(a)["prompts_messages"] = prompts_messages  # the anchor looks it up at call time
 
 
 def length_reward(texts: list[str]) -> list[float]:

@@ -11,7 +11,8 @@ clip 1.0, one optimizer step per batch (mu = 1: old log-probs = detached current
 Phases (``--phases``, default all): ``check`` (CUDA graph vs eager greedy ids identical; mean
 NLL of our samples vs HF generate's under the training forward), ``hf`` (plain
 ``model.generate``), ``ours`` (the samplers alone, then full GRPO steps through the
-trainer's own ``train_on_batch``), ``trl``.
+trainer's own ``train_on_batch``), ``trl``; ``ours_fast`` (the GRPO steps again with the
+KV cache kept between rollouts and micro-batches of 16: speed over memory).
 
     python -m bench.trainer_speed [--anchor PATH] [--steps 16] [--phases check,hf,ours,trl]
 
@@ -21,7 +22,7 @@ per-device batch 16 x accumulation 16:
 
     ANCHOR_SHAPE=qwen2.5-1.5b ANCHOR_PROMPTS=32 ANCHOR_G=8 ANCHOR_NEW=512 ANCHOR_TRL_BS=16 \
       python -m bench.trainer_speed --phases ours,trl --steps 4 --micro-batch 16 \
-      --gradient-checkpointing --trl-batch 16
+      --gradient-checkpointing --trl-batch 16 --gsm8k ../shared/data/gsm8k/train.jsonl
 
 Writes ``$OUT/trainer_speed.json`` (rewritten after each phase) and prints a table last.
 ``ANCHOR_SMALL=1`` shrinks everything for a CPU smoke test (as in the anchor).
@@ -50,10 +51,13 @@ from bench.trainer_phases import (
     prompts,
     sync,
     time_sampler,
+    use_gsm8k,
 )
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 2
+# phase ours_fast: the GRPO steps again, KV cache kept between rollouts, micro-batches of 16
+FAST = {"free_sampler_cache": False, "micro_batch": 16, "sampler_modes": ""}
 
 
 def _load_anchor(path: Path) -> ModuleType:
@@ -77,6 +81,7 @@ def phase_ours(
     res: dict[str, Any] = {"options": vars(opts) | {"anchor": str(opts.anchor)}}
     model = a.load_model()
     p_ids, p_mask = prompts(a, tok, dev)
+    res["prompt_tokens_padded"] = int(p_ids.shape[1])
     n = a.MAX_NEW
     modes = opts.sampler_modes.split(",") if opts.sampler_modes else []
     kinds = {
@@ -169,6 +174,7 @@ def _grpo_steps(
             peak_gen = max(peak_gen, torch.cuda.max_memory_allocated() / 2**30)
             torch.cuda.reset_peak_memory_stats()
         train_on_batch(cfg, model, opt, roll, adv, Dist(), "bf16")
+        opt.zero_grad(set_to_none=True)  # as the trainer's loop does: no gradients held
         sync()
         t3 = time.perf_counter()
         if dev == "cuda":
@@ -227,7 +233,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--anchor", type=Path, default=REPO / ".carry" / "trainer" / "trl_grpo_anchor.py"
     )
-    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--steps", type=int, default=16, help="timed steps (after 2 warm-up) per side")
+    p.add_argument(
+        "--gsm8k",
+        type=Path,
+        default=None,
+        help="GSM8K train.jsonl: both sides prompt with its questions in the trainer's chat "
+        "prompt (default: the anchor's arithmetic questions)",
+    )
     p.add_argument("--phases", default="check,hf,ours,trl")
     p.add_argument(
         "--micro-batch",
@@ -270,8 +283,14 @@ def main(argv: list[str] | None = None) -> None:
         args.sampler_modes = "eager,graphs,compiled" if torch.cuda.is_available() else "eager"
     if not args.anchor.exists():
         args.anchor = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
-    os.environ.setdefault("ANCHOR_STEPS", str(args.steps))
+    # the anchor's TRL phase runs ANCHOR_STEPS optimizer steps in all and times the ones
+    # after its 2 warm-up steps: the same count as ours
+    os.environ.setdefault("ANCHOR_STEPS", str(args.steps + WARMUP))
     a = _load_anchor(args.anchor)
+    prompt_source = "the anchor's arithmetic questions"
+    if args.gsm8k is not None:
+        use_gsm8k(a, args.gsm8k)
+        prompt_source = f"GSM8K questions ({args.gsm8k.name}) in the trainer's chat prompt"
     dev = a.DEV
     out_dir = Path(a.OUT)
     res: dict[str, Any] = {
@@ -283,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
             "vocab": a.VOCAB,
             "steps_timed": args.steps,
             "warmup_steps": WARMUP,
+            "prompts_from": prompt_source,
         },
     }
 
@@ -305,6 +325,9 @@ def main(argv: list[str] | None = None) -> None:
                 res["hf_generate"] = phase_hf(a, tok, dev)
             elif ph == "ours":
                 res["ours"] = phase_ours(a, tok, dev, args.steps, args)
+            elif ph == "ours_fast":  # speed over memory: cache kept, micro-batches of 16
+                fast = argparse.Namespace(**vars(args) | FAST)
+                res["ours_fast"] = phase_ours(a, tok, dev, args.steps, fast)
             elif ph == "trl":
                 res["trl"] = phase_trl(a, tok, args.trl_batch)
         except Exception as e:
@@ -341,6 +364,9 @@ def _table(res: dict[str, Any]) -> None:
     )
     for k in ("generate_s", "reward_s", "train_s"):
         row(f"ours: {k} share", ours.get(k + "_per_step"), None)
+    fast = res.get("ours_fast", {})
+    row("ours_fast: GRPO step (cache kept, micro-batch 16)", fast.get("s_per_step"),
+        fast.get("completion_tokens_per_s"))  # fmt: skip
     shape = (
         f"{res['setting']['prompts'] * res['setting']['G']} x {res['setting']['max_new_tokens']}"
     )
@@ -354,7 +380,7 @@ def _table(res: dict[str, Any]) -> None:
         name = k.removeprefix("sampler_").replace("_", " + ")
         row(f"our sampler, {name} ({shape})", r.get("s"), r.get("tokens_per_s"))
     for k in ("peak_GiB_generate", "peak_GiB_train"):
-        lines.append(f"| ours: {k} | {ours.get(k)} | | |")
+        lines.append(f"| ours: {k} | {ours.get(k)} (fast: {fast.get(k)}) | | |")
     lines.append(f"| TRL: peak memory | {trl.get('mem_peak')} | | |")
     print("\n".join(lines))
     if "check" in res:

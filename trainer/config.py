@@ -156,7 +156,9 @@ class TrainerConfig:
         },
         metadata={"help": "Recipe for evaluation accuracy (default: inline math_accuracy)."},
     )
-    save_every: int = _f(0, "Checkpoint every N steps (and at the end); 0 = only at the end.")
+    save_every: int = _f(
+        0, "Checkpoint every N steps (and at the end); 0 = only at the end; -1 = never."
+    )
     keep_checkpoints: int = _f(2, "Keep the latest N checkpoints.")
     resume: bool = _f(False, "Resume from the latest checkpoint in run_dir.")
     progress: bool = _f(True, "Show a tqdm progress bar (rank 0).")

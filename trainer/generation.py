@@ -26,10 +26,12 @@ How it is fast (Qwen2/Qwen3/Llama/Mistral-shaped decoders, default-style RoPE, n
 window; anything else falls back to plain ``model.generate``): the decoder is run by a small
 functional forward that reuses the model's own modules (norms, projections, MLP, embeddings,
 rotary tables) over a static KV cache ``(B, kv_heads, C, head_dim)`` per layer, with the
-capacity C rounded up so batches of similar length share one cache. Prompts are prefilled in
-one eager pass; each decode step (forward, sampling, EOS bookkeeping) is one CUDA-graph replay
-over static buffers, and the host checks "all rows done" only every few steps. Weights are read
-from the live parameters, so optimizer updates between calls are seen without re-capture.
+capacity C rounded up so batches of similar length share one cache. Prompts are prefilled
+eagerly (whole rows, about 8k prompt tokens per forward, so the prefill's activations stay
+small beside the cache); each decode step (forward, sampling, EOS bookkeeping) is one
+CUDA-graph replay over static buffers, and the host checks "all rows done" only every few
+steps. Weights are read from the live parameters, so optimizer updates between calls are seen
+without re-capture.
 On CPU the same code runs eagerly (that is what the CPU tests exercise).
 """
 
@@ -58,6 +60,7 @@ log = logging.getLogger(__name__)
 
 _CAPACITY_ROUND = 64  # KV-cache capacity is rounded up to this many slots
 _MAX_BUCKETS = 4  # cached (batch, capacity, ...) graph buckets per model
+_PREFILL_TOKENS = 8192  # prompt tokens per prefill forward (whole rows)
 
 
 @dataclass
@@ -281,7 +284,18 @@ class Sampler:
         def write_prefix(cache: torch.Tensor, new: torch.Tensor) -> None:
             cache[:, :, :p].copy_(new.to(cache.dtype))
 
-        logits = self._forward(prompt_ids, pos, bk, mask, write_prefix, last_only=True)
+        # in row chunks of about _PREFILL_TOKENS prompt tokens: the MLP's intermediate
+        # activations of the whole batch's prompts would sit on top of the full KV cache
+        rows = max(1, _PREFILL_TOKENS // max(p, 1))
+        parts = []
+        for r in range(0, b, rows):
+            sl = slice(r, r + rows)
+            kc, vc = [k[sl] for k in bk.k_cache], [v[sl] for v in bk.v_cache]  # row views
+            rope = bk.extra["rope"]
+            fwd = decoder.forward(self.model, prompt_ids[sl], pos[sl], rope, kc, vc, mask[sl],
+                                  write_prefix, last_only=True)  # fmt: skip
+            parts.append(fwd)
+        logits = torch.cat(parts)
         noise = torch.rand((n, b), generator=params.generator, device=self.device)
         bk.noise.copy_(noise)
         first = _choose(logits, bk.noise[0], temperature, top_p)

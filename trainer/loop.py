@@ -62,6 +62,8 @@ def _loop(run: Run) -> dict[str, Any]:
     pending = produce(run, run.start_step) if cfg.pipeline else None
     for step in range(run.start_step, cfg.steps):
         t_step = t_first if step == run.start_step else time.perf_counter()
+        if device.type == "cuda" and step > run.start_step:  # the first step's peak from the start
+            torch.cuda.reset_peak_memory_stats(device)
         # 1-2. Rollout, then reward requests in the background (pipelined: batch k+1 is
         # sampled while batch k is scored, and trained one update after it was sampled)
         if pending is None:
@@ -87,6 +89,9 @@ def _loop(run: Run) -> dict[str, Any]:
         roll = current.rollout
         stats = train_on_batch(cfg, run.model, run.opt, roll, adv.to(device), dist, run.precision)
         run.sched.step()
+        # the gradients are not read again before the next backward: their memory (a whole
+        # fp32 model's worth, unsharded) goes to the next rollout's gathered weights and KV cache
+        run.opt.zero_grad(set_to_none=True)
         train_s = time.perf_counter() - t_train
 
         # 6. Log, evaluate, checkpoint
@@ -104,6 +109,9 @@ def _loop(run: Run) -> dict[str, Any]:
                 "time/reward_latency": result.elapsed_s,
                 "reward_wait_frac": wait_s / step_s,
                 "tokens_per_s": roll.action_tokens / step_s,
+                "tokens/sequence": float(roll.input_ids.numel()),  # prompt + completion, padded
+                "decode_steps": float(roll.n_completion),
+                **_memory(device),
             }
         )
         summary = reduce_record(record, dist, device)
@@ -111,15 +119,26 @@ def _loop(run: Run) -> dict[str, Any]:
         if step + 1 < cfg.steps:
             if cfg.eval_every and (step + 1) % cfg.eval_every == 0:
                 run_eval(run, step + 1)
-            if cfg.save_every and (step + 1) % cfg.save_every == 0:
+            if cfg.save_every > 0 and (step + 1) % cfg.save_every == 0:
                 run.save(step + 1)
 
     if cfg.eval_every:
         run_eval(run, cfg.steps)
-    run.save(cfg.steps)
+    if cfg.save_every >= 0:
+        run.save(cfg.steps)
     if dist.main and cfg.plot:
         plot_curves(run.run_dir)
     return summary
+
+
+def _memory(device: torch.device) -> dict[str, float]:
+    """This rank's peak GPU memory over the step (the rollout it trained on included), GiB."""
+    if device.type != "cuda":
+        return {}
+    return {
+        "mem/peak_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30,
+        "mem/peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30,
+    }
 
 
 @dataclass

@@ -46,6 +46,30 @@ def test_grpo_steps_run_with_the_memory_settings(
     assert len(ours["steps"]) == 3 and ours["completion_tokens_per_s"] > 0  # 2 warm-up + 1
 
 
+@pytest.mark.skipif(not ANCHOR.exists(), reason="the TRL anchor is not beside the checkout")
+def test_gsm8k_prompts_and_equal_step_counts_on_both_sides(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--gsm8k puts GSM8K questions in both sides' prompts; TRL times as many steps as ours."""
+    monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setenv("ANCHOR_SMALL", "1")
+    monkeypatch.delenv("ANCHOR_STEPS", raising=False)
+    data = tmp_path / "train.jsonl"
+    rows = [{"question": f"Ann has {i} pens and buys 3 more. How many now?", "answer": "#### 1"}
+            for i in range(4)]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    from bench.trainer_speed import main
+
+    main(["--anchor", str(ANCHOR), "--phases", "ours,trl", "--steps", "1", "--micro-batch", "16",
+          "--trl-batch", "16", "--gsm8k", str(data), "--sampler-modes", ""])  # fmt: skip
+    res = json.loads((tmp_path / "trainer_speed.json").read_text())
+    assert "GSM8K" in res["setting"]["prompts_from"]
+    assert len(res["ours"]["steps"]) == 3  # 2 warm-up + 1 timed
+    assert len(res["trl"]["step_times_s"]) == 3 and res["trl"]["completion_tokens_per_s"] > 0
+    # the prompt is the trainer's: instruction + question, longer than the arithmetic ones
+    assert res["ours"]["prompt_tokens_padded"] > 30
+
+
 def test_card_limits_arithmetic() -> None:
     # a 2-layer model: 1000 matmul parameters beside a tied 10 x 4 embedding
     cfg = SimpleNamespace(

@@ -72,6 +72,22 @@ def test_greedy_equals_hf_generate(tiny: tuple[Any, Any]) -> None:
     assert cmask.all()
 
 
+def test_prefill_in_row_chunks_equals_hf_generate(
+    tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prefill budget smaller than the batch's prompts: one row per prefill forward, the
+    K/V written through row views of the cache; the ids are still HF generate's."""
+    import arbiter.trainer.generation as generation
+
+    model, tok = tiny
+    ids, mask = _enc(tok, PROMPTS)
+    monkeypatch.setattr(generation, "_PREFILL_TOKENS", ids.shape[1])  # 1 row per forward
+    pad = tok.pad_token_id
+    ref = _hf_greedy(model, ids, mask, 16, eos=-1, pad=pad)
+    got, _ = Sampler(model)(ids, mask, SamplingParams(16, -1, pad, temperature=0.0))
+    assert torch.equal(got, ref)
+
+
 def test_eos_mask_and_padding_match_hf(tiny: tuple[Any, Any]) -> None:
     model, tok = tiny
     ids, mask = _enc(tok, PROMPTS)
