@@ -135,14 +135,7 @@ def service_process(
 
         port = default_port(name)
     argv = [sys.executable, "-m", "arbiter.cli", "serve", name, "--port", str(port)]
-    return ManagedProcess(
-        name=name,
-        argv=argv,
-        env=env or {},
-        ready_url=f"http://127.0.0.1:{port}{ready_path}",
-        log_path=log_path,
-        port=port,
-    )
+    return _http_process(name, argv, port, env, log_path, ready_path)
 
 
 def uvicorn_process(
@@ -158,6 +151,18 @@ def uvicorn_process(
         sys.executable, "-m", "uvicorn", factory, "--factory",
         "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
     ]  # fmt: skip
+    return _http_process(name, argv, port, env, log_path, ready_path)
+
+
+def _http_process(
+    name: str,
+    argv: list[str],
+    port: int,
+    env: dict[str, str] | None,
+    log_path: Path | None,
+    ready_path: str,
+) -> ManagedProcess:
+    """A loopback HTTP server process, ready when ``ready_path`` answers 200."""
     return ManagedProcess(
         name=name,
         argv=argv,

@@ -152,6 +152,21 @@ async def _error_handler(_: Request, exc: Exception) -> JSONResponse:
     return error_response(exc)
 
 
+class StatusRecorder:
+    """Wraps an ASGI ``send`` and remembers the response's status (500 until one is sent)."""
+
+    __slots__ = ("send", "status")
+
+    def __init__(self, send: Send):
+        self.send = send
+        self.status = 500
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.status = message["status"]
+        await self.send(message)
+
+
 class TimingMiddleware:
     """Pure ASGI middleware (cheap): one histogram observation per HTTP request."""
 
@@ -164,20 +179,13 @@ class TimingMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
-        status = 500
-
-        async def send_wrapper(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        recorder = StatusRecorder(send)
         try:
-            await self.app(scope, receive, send_wrapper)
+            await self.app(scope, receive, recorder)
         finally:
             route = scope.get("route")
             path = getattr(route, "path", "unmatched")
-            REQUEST_SECONDS.labels(self.service, path, str(status)).observe(
+            REQUEST_SECONDS.labels(self.service, path, str(recorder.status)).observe(
                 time.perf_counter() - start
             )
 

@@ -30,11 +30,11 @@ from pathlib import Path
 
 from fastapi import Request
 from prometheus_client import Counter
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from arbiter.errors import Unauthorized
 from arbiter.keys import OPEN, KeyIndex, Principal, load, secret_check
-from arbiter.services.common.app import error_response
+from arbiter.services.common.app import StatusRecorder, error_response
 
 log = logging.getLogger("arbiter.gateway.auth")
 
@@ -153,19 +153,12 @@ class AuthMiddleware:
                 TEAM_REQUESTS.labels(UNAUTHENTICATED, "unmatched", "401").inc()
                 return
         scope.setdefault("state", {})["principal"] = principal
-        status = 500
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+        recorder = StatusRecorder(send)
         try:
-            await self.app(scope, receive, send_status)
+            await self.app(scope, receive, recorder)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            TEAM_REQUESTS.labels(principal.team, route, str(status)).inc()
+            TEAM_REQUESTS.labels(principal.team, route, str(recorder.status)).inc()
 
 
 def principal(request: Request) -> Principal:
