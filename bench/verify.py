@@ -16,7 +16,8 @@ aiohttp client in this process; its own CPU time is reported beside each HTTP ro
 2-core machine it competes with the service for the same cores), and so is the CPU time
 of the service's processes.
 
-    .venv/bin/python -m bench.verify [--groups 1319] [--rounds 2] [--json out.json]
+    .venv/bin/python -m bench.verify [--groups 1319] [--rounds 3] [--serve-processes 1]
+        [--json out.json]
 
 ``run(...)`` returns the numbers as a dict for a combined benchmark.
 """
@@ -131,14 +132,22 @@ def _pool_run(
             "correct": sum(results)}  # fmt: skip
 
 
-def baselines(groups: list[dict[str, Any]], processes: int = 2) -> dict[str, dict[str, float]]:
-    by_ref = [(r, g["reference"]) for g in groups for r in g["responses"]]
+def baselines(
+    groups: list[dict[str, Any]],
+    processes: int = 2,
+    fast_groups: list[dict[str, Any]] | None = None,
+) -> dict[str, dict[str, float]]:
+    """The in-process rows; the fast-path rule runs over ``fast_groups`` (default ``groups``)."""
+
+    def by_ref(gs: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        return [(r, g["reference"]) for g in gs for r in g["responses"]]
+
     by_gold = [(r, g["reference"].rsplit("####", 1)[1].strip()) for g in groups
                for r in g["responses"]]  # fmt: skip
     return {
         "plain_math_verify": _pool_run(_mv_one, by_gold, processes),
-        "rule_fast_path": _pool_run(_rule_fast, by_ref, processes),
-        "rule_no_fast_path": _pool_run(_rule_mv, by_ref, processes),
+        "rule_fast_path": _pool_run(_rule_fast, by_ref(fast_groups or groups), processes),
+        "rule_no_fast_path": _pool_run(_rule_mv, by_ref(groups), processes),
     }
 
 
@@ -224,12 +233,17 @@ def _measure(
 
 
 @contextlib.contextmanager
-def service(workers: int, fast_path: bool) -> Iterator[tuple[ManagedProcess, str]]:
-    """A verify service on a free port (as in production: ``arbiter serve``)."""
+def service(
+    workers: int, fast_path: bool, processes: int = 1
+) -> Iterator[tuple[ManagedProcess, str]]:
+    """A verify service on a free port (as in production: ``arbiter serve``; ``processes``
+    > 1: ``arbiter serve verify --workers N``, each uvicorn process with its own pool)."""
     port = free_port()
     log_path = Path(tempfile.gettempdir()) / f"bench-verify-{port}.log"
     env = {"VERIFY_WORKERS": str(workers), "VERIFY_FAST_PATH": str(fast_path).lower()}
     proc = service_process("verify", port, env=env, log_path=log_path)
+    if processes > 1:
+        proc.argv += ["--workers", str(processes)]
     proc.start()
     try:
         proc.wait_ready(60)
@@ -247,33 +261,51 @@ def _load() -> str:
 
 
 SHAPES = {"group": (1, 16), "batch": (BATCH_GROUPS, 2)}  # groups per request, clients
+# The fast-path rows (service and baseline alike) go over the groups this many times: one
+# pass takes ~0.25 s, short enough for one scheduler hiccup on a shared machine to decide it.
+FAST_REPEAT = 4
 
 
 def run(
-    groups: int = 1319, workers: int = 2, processes: int = 2, rounds: int = 2
+    groups: int = 1319,
+    workers: int = 2,
+    processes: int = 2,
+    rounds: int = 3,
+    serve_processes: int = 1,
 ) -> dict[str, Any]:
     """Best of ``rounds`` for each row; the rows alternate within a round so that a change
     in the machine's load (it is shared) hits all of them alike."""
     data = load_groups(groups)
+    fast_data = data * FAST_REPEAT
     out: dict[str, Any] = {
         "machine": f"{os.cpu_count()}-core CPU",
         "groups": groups,
         "group_size": GROUP,
+        "fast_path_repeat": FAST_REPEAT,
         "rounds": rounds,
+        "serve_processes": serve_processes,
         "load_before": _load(),
+        "load_per_round": [],
     }
     best: dict[str, dict[str, float] | None] = {}
-    with service(workers, True) as fast, service(workers, False) as slow:
+    with (
+        service(workers, True, serve_processes) as fast,
+        service(workers, False, serve_processes) as slow,
+    ):
         for _, url in (fast, slow):  # warm-up
             asyncio.run(_drive(url, data[:128], 1, 16))
         for _ in range(rounds):
-            for key, value in baselines(data, processes).items():
+            out["load_per_round"].append(_load())
+            for key, value in baselines(data, processes, fast_data).items():
                 best[key] = _best(best.get(key), value)
-            for mode, (proc, url) in (("fast_path", fast), ("no_fast_path", slow)):
+            for mode, (proc, url), items in (
+                ("fast_path", fast, fast_data),
+                ("no_fast_path", slow, data),
+            ):
                 for shape, (per_request, clients) in SHAPES.items():
                     key = f"http_{mode}_{shape}"
                     best[key] = _best(
-                        best.get(key), _measure(proc, url, data, per_request, clients)
+                        best.get(key), _measure(proc, url, items, per_request, clients)
                     )
     out.update(best)
     out["load_after"] = _load()
@@ -319,11 +351,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--groups", type=int, default=1319)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--serve-processes", type=int, default=1, help="arbiter serve verify --workers N"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    result = run(args.groups, args.workers, rounds=args.rounds)
+    result = run(
+        args.groups, args.workers, rounds=args.rounds, serve_processes=args.serve_processes
+    )
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

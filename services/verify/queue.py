@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
 from arbiter.errors import ItemResult
-from arbiter.services.verify.worker import Item
+from arbiter.services.verify.worker import Decided, Item, Whole
 
 ITEMS_DROPPED = Counter(
     "verify_pool_items_dropped_total",
@@ -38,7 +39,7 @@ MIN_SHARE = 8
 class Ticket:
     """One request's items in the pool: its own queue, and the futures of its results."""
 
-    futures: list[asyncio.Future[ItemResult]]
+    futures: list[asyncio.Future[ItemResult | Decided]]
     jobs: deque[Job] = field(default_factory=deque)
     charge: float = 0.0  # worker seconds its items have taken so far
     cancelled: bool = False
@@ -46,8 +47,8 @@ class Ticket:
 
 @dataclass(eq=False)
 class Job:
-    item: Item
-    future: asyncio.Future[ItemResult]
+    item: Item | Whole
+    future: asyncio.Future[ItemResult | Decided]
     ticket: Ticket
 
 
@@ -56,12 +57,12 @@ class FairQueue:
         self._waiting: dict[Ticket, None] = {}  # requests with queued items, in arrival order
         self.queued = 0  # items queued, all requests
 
-    def submit(self, items: list[Item]) -> Ticket:
+    def submit(self, items: Sequence[Item | Whole]) -> Ticket:
         """Queue one request's items; ``ticket.futures`` give their results, in order."""
         loop = asyncio.get_running_loop()
         ticket = Ticket(futures=[])
         for item in items:
-            fut: asyncio.Future[ItemResult] = loop.create_future()
+            fut: asyncio.Future[ItemResult | Decided] = loop.create_future()
             ticket.futures.append(fut)
             ticket.jobs.append(Job(item, fut, ticket))
         if items:

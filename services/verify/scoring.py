@@ -8,6 +8,7 @@ scans, bounded number sizes); everything that needs math-verify goes to the pool
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import math
 import time
@@ -27,16 +28,13 @@ from arbiter.services.verify.extract import (
     INFO_CHARS,
     Extraction,
     Number,
-    extract_answer,
-    long_integer,
-    numbers_equal,
     reference_value,
     to_number,
 )
 from arbiter.services.verify.formatting import format_score
 from arbiter.services.verify.pool import WorkerPool
 from arbiter.services.verify.settings import VerifySettings
-from arbiter.services.verify.worker import Item, score_item
+from arbiter.services.verify.worker import Decided, Item, Whole, decide, score_item
 
 log = logging.getLogger("arbiter.verify")
 
@@ -83,21 +81,13 @@ def plan_item(
     response: str, gold: str, g_num: Number | None, rel_tol: float, fast: bool
 ) -> tuple[Extraction, float | Item]:
     """Extract the response's answer; decide it here (a score) or hand it on (a pool item)."""
-    ex = extract_answer(response)
-    if ex.status != "ok":
-        _PATH["conflict" if ex.status == "conflict" else "no_answer"].inc()
-        return ex, 0.0
-    p_num = to_number(ex.text) if fast and g_num is not None else None
-    if g_num is not None and p_num is not None:
-        _PATH["fast_path"].inc()
-        return ex, 1.0 if numbers_equal(g_num, p_num, rel_tol) else 0.0
-    if fast and g_num is not None and g_num.value.denominator == 1 and not g_num.percent:
-        digits = long_integer(ex.text)  # integers compare exactly, whatever their length
-        if digits is not None:
-            _PATH["fast_path"].inc()
-            return ex, 1.0 if digits == str(g_num.value.numerator) else 0.0
-    _PATH["pool"].inc()
-    return ex, (gold, ex.text, rel_tol, not fast)
+    ex, path, decided = decide(response, gold, g_num, rel_tol, fast)
+    _PATH[path].inc()
+    return ex, decided
+
+
+def _result(r: ItemResult | Decided) -> ItemResult:
+    return r[0] if isinstance(r, tuple) else r
 
 
 def score_math_direct(
@@ -135,6 +125,9 @@ class Verifier:
 
     async def start(self) -> None:
         await self.pool.start()
+        # math-verify and sympy (imported for the worker code) leave ~120,000 long-lived
+        # objects in this process; without this, every full collection walks them all.
+        gc.freeze()
 
     async def close(self) -> None:
         await self.pool.close()
@@ -157,7 +150,10 @@ class Verifier:
             )
         rel_tol = req.params.rel_tolerance
         fast = self.settings.fast_path
-        items: list[Item] = []
+        # A large request is decided whole in the pool (extraction and fast path too): the
+        # event loop only parses, queues and gathers, and the work spreads over every core.
+        whole = fast and n_items > self.settings.inline_max
+        items: list[Item | Whole] = []
         groups: list[tuple[list[_Slot], int, list[str | None], list[int]]] = []
         for group in req.groups:
             gold = reference_value(group.reference)
@@ -173,8 +169,12 @@ class Verifier:
                 ref_check = len(items)
                 items.append((gold, gold, rel_tol, True))
             for i, response in enumerate(group.responses):
-                ex, decided = plan_item(response, gold, g_num, rel_tol, fast)
                 slot = slots[i]
+                if whole:
+                    slot.pending = len(items)
+                    items.append((gold, response, rel_tol))
+                    continue
+                ex, decided = plan_item(response, gold, g_num, rel_tol, fast)
                 if ex.status == "conflict":
                     conflicts.append(i)
                 if ex.status == "ok":
@@ -190,16 +190,16 @@ class Verifier:
         out: list[ComponentGroupResult] = []
         for group, (slots, ref_check, answers, conflicts) in zip(req.groups, groups, strict=True):
             ref_error = None
-            if ref_check >= 0 and results[ref_check].score is None:
-                ref_error = results[ref_check]
+            if ref_check >= 0 and _result(results[ref_check]).score is None:
+                ref_error = _result(results[ref_check])
             scores: list[float | None] = []
             errors: list[ItemError] = []
             for i, slot in enumerate(slots):
                 result = slot.result
+                if slot.pending >= 0:
+                    result = self._unpack(results[slot.pending], i, answers, conflicts)
                 if ref_error is not None:
                     result = ref_error
-                elif slot.pending >= 0:
-                    result = results[slot.pending]
                 error = result.error(i)
                 if error is not None:
                     errors.append(error)
@@ -216,7 +216,22 @@ class Verifier:
             usage=ComponentUsage(items=n_items, elapsed_ms=(time.perf_counter() - start) * 1e3),
         )
 
-    async def _run(self, items: list[Item]) -> list[ItemResult]:
+    @staticmethod
+    def _unpack(
+        r: ItemResult | Decided, i: int, answers: list[str | None], conflicts: list[int]
+    ) -> ItemResult:
+        """A pool result; a whole response's also brings its answer and path."""
+        if not isinstance(r, tuple):
+            return r
+        result, path, status, answer = r
+        _PATH[path].inc()
+        if status == "conflict":
+            conflicts.append(i)
+        elif status == "ok":
+            answers[i] = answer
+        return result
+
+    async def _run(self, items: list[Item | Whole]) -> list[ItemResult | Decided]:
         """Score items in the pool; never waits past a bound, whatever the pool does."""
         if not items:
             return []
