@@ -1,13 +1,18 @@
 """The verify service's work: ``math_accuracy`` and ``format`` over component requests.
 
 Importable without FastAPI. ``Verifier`` is built once at start-up (it owns the worker
-pool). Extraction and the numeric fast path run here, in the service process (linear-time
-scans, bounded number sizes); everything that needs math-verify goes to the pool.
+pool). For a small request, extraction and the numeric fast path run here, in the service
+process (linear-time scans, bounded number sizes), and only what needs math-verify goes to
+the pool: a round trip to a worker would cost more than the work. A request of more than
+``VERIFY_INLINE_MAX`` responses (a GRPO batch from the gateway) goes to the pool whole,
+extraction included: the event loop then only parses, queues and gathers, and the batch's
+work spreads over every core instead of the event loop's one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import logging
 import math
@@ -26,15 +31,21 @@ from arbiter.proto.errors import ItemError
 from arbiter.proto.verify import FormatRequest, MathRequest
 from arbiter.services.verify.extract import (
     INFO_CHARS,
-    Extraction,
-    Number,
     reference_value,
     to_number,
 )
 from arbiter.services.verify.formatting import format_score
 from arbiter.services.verify.pool import WorkerPool
 from arbiter.services.verify.settings import VerifySettings
-from arbiter.services.verify.worker import Decided, Item, Whole, decide, score_item
+from arbiter.services.verify.worker import (
+    CORRECT,
+    WRONG,
+    Decided,
+    Item,
+    Whole,
+    decide,
+    score_item,
+)
 
 log = logging.getLogger("arbiter.verify")
 
@@ -77,17 +88,27 @@ def _outcome(score: float | None) -> str:
     return "correct" if score == 1.0 else "wrong"
 
 
-def plan_item(
-    response: str, gold: str, g_num: Number | None, rel_tol: float, fast: bool
-) -> tuple[Extraction, float | Item]:
-    """Extract the response's answer; decide it here (a score) or hand it on (a pool item)."""
-    ex, path, decided = decide(response, gold, g_num, rel_tol, fast)
-    _PATH[path].inc()
-    return ex, decided
-
-
 def _result(r: ItemResult | Decided) -> ItemResult:
     return r[0] if isinstance(r, tuple) else r
+
+
+def _unpack(
+    r: ItemResult | Decided,
+    i: int,
+    answers: list[str | None],
+    conflicts: list[int],
+    paths: collections.Counter[str],
+) -> ItemResult:
+    """A pool result; a whole response's (a ``Decided``) also brings its answer and path."""
+    if not isinstance(r, tuple):
+        return r
+    result, path, status, answer = r
+    paths[path] += 1
+    if status == "conflict":
+        conflicts.append(i)
+    elif status == "ok":
+        answers[i] = answer
+    return result
 
 
 def score_math_direct(
@@ -106,7 +127,7 @@ def score_math_direct(
         check = score_item(gold, gold, rel_tol, timeout_s, True)
         if check.score is None:
             return check
-    _, decided = plan_item(response, gold, g_num, rel_tol, True)
+    _, _, decided = decide(response, gold, g_num, rel_tol, True)
     if isinstance(decided, float):
         return ItemResult(decided)
     return score_item(*decided[:3], timeout_s, decided[3])
@@ -154,6 +175,9 @@ class Verifier:
         # event loop only parses, queues and gathers, and the work spreads over every core.
         whole = fast and n_items > self.settings.inline_max
         items: list[Item | Whole] = []
+        # Counted per request, not per item: a metric's inc costs as much as the fast path.
+        paths: collections.Counter[str] = collections.Counter()
+        outcomes: collections.Counter[str] = collections.Counter()
         groups: list[tuple[list[_Slot], int, list[str | None], list[int]]] = []
         for group in req.groups:
             gold = reference_value(group.reference)
@@ -174,13 +198,14 @@ class Verifier:
                     slot.pending = len(items)
                     items.append((gold, response, rel_tol))
                     continue
-                ex, decided = plan_item(response, gold, g_num, rel_tol, fast)
+                ex, path, decided = decide(response, gold, g_num, rel_tol, fast)
+                paths[path] += 1
                 if ex.status == "conflict":
                     conflicts.append(i)
                 if ex.status == "ok":
                     answers[i] = ex.text.strip()[:INFO_CHARS]
                 if isinstance(decided, float):
-                    slot.result = ItemResult(decided)
+                    slot.result = CORRECT if decided == 1.0 else WRONG
                     continue
                 slot.pending = len(items)
                 items.append(decided)
@@ -197,7 +222,7 @@ class Verifier:
             for i, slot in enumerate(slots):
                 result = slot.result
                 if slot.pending >= 0:
-                    result = self._unpack(results[slot.pending], i, answers, conflicts)
+                    result = _unpack(results[slot.pending], i, answers, conflicts, paths)
                 if ref_error is not None:
                     result = ref_error
                 error = result.error(i)
@@ -205,31 +230,20 @@ class Verifier:
                     errors.append(error)
                     ITEM_ERRORS.labels(error.kind).inc()
                 scores.append(result.score)
-                _MATH_OUTCOME[_outcome(result.score)].inc()
+                outcomes[_outcome(result.score)] += 1
             info: dict[str, object] = {"answers": answers}
             if conflicts:
                 info["conflicts"] = conflicts
             out.append(ComponentGroupResult(id=group.id, scores=scores, errors=errors, info=info))
+        for path, n in paths.items():
+            _PATH[path].inc(n)
+        for outcome, n in outcomes.items():
+            _MATH_OUTCOME[outcome].inc(n)
         return ComponentResponse(
             component="math_accuracy",
             groups=out,
             usage=ComponentUsage(items=n_items, elapsed_ms=(time.perf_counter() - start) * 1e3),
         )
-
-    @staticmethod
-    def _unpack(
-        r: ItemResult | Decided, i: int, answers: list[str | None], conflicts: list[int]
-    ) -> ItemResult:
-        """A pool result; a whole response's also brings its answer and path."""
-        if not isinstance(r, tuple):
-            return r
-        result, path, status, answer = r
-        _PATH[path].inc()
-        if status == "conflict":
-            conflicts.append(i)
-        elif status == "ok":
-            answers[i] = answer
-        return result
 
     async def _run(self, items: list[Item | Whole]) -> list[ItemResult | Decided]:
         """Score items in the pool; never waits past a bound, whatever the pool does."""

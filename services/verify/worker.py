@@ -1,13 +1,16 @@
 """What runs inside a pool worker process: math-verify with its own timeouts on.
 
-A worker receives a chunk of items ``(gold, pred, rel_tolerance)`` over its socket, scores
-them one by one and sends back their results and times: one message at the end, plus one
-at each "flush point" the parent marks (where the next request's items start, so that one
-request's results never wait on another's item, nor die with a worker killed for it).
-Before each item it writes ``(start time, item index)`` into a shared array, so the
-parent can tell which item overran its wall-clock deadline without a message per item;
-and it reads the array's "yield" flag: when the parent has raised it (other requests wait,
-or this chunk's request was cancelled) it stops there and sends the results it has.
+A worker receives a chunk of items over its socket: ``(gold, pred, rel_tolerance,
+always_mv)`` for math-verify, or a whole response ``(gold, response, rel_tolerance)`` whose
+answer it extracts and decides by the fast path first (a large request; ``decide`` is the
+one rule the service process uses for small ones). It scores them one by one and sends
+back their results and times: one message at the end, plus one at each "flush point" the
+parent marks (where the next request's items start, so that one request's results never
+wait on another's item, nor die with a worker killed for it). Before each item it writes
+``(start time, item index)`` into a shared array, so the parent can tell which item
+overran its wall-clock deadline without a message per item; and it reads the array's
+"yield" flag: when the parent has raised it (other requests wait, or this chunk's request
+was cancelled) it stops there and sends the results it has.
 
 This module is preloaded in the forkserver, and so is ``warm_up`` (which scores a few
 items there once), so math-verify and sympy are imported and their lazy parts built once:
@@ -17,6 +20,7 @@ a replacement worker starts in milliseconds and its first item costs no more tha
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import signal
 import time
@@ -185,6 +189,7 @@ def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
     # The parent coordinates shutdown: ignore Ctrl-C's SIGINT, die on SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    gc.freeze()  # the preloaded sympy/math-verify heap: out of every full collection's walk
     conn.send(("ready", None))
     while True:
         try:
