@@ -43,7 +43,6 @@ import pickle
 import socket
 import struct
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -54,7 +53,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from arbiter.errors import ItemResult
 from arbiter.proto.errors import ErrorKind
 from arbiter.services.verify.queue import FairQueue, Job, Ticket
-from arbiter.services.verify.worker import RUNNING, STARTED, YIELD, Item, Whole, worker_main
+from arbiter.services.verify.worker import RUNNING, STARTED, YIELD, Item, worker_main
 
 log = logging.getLogger("arbiter.verify.pool")
 
@@ -245,7 +244,7 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ queue
 
-    def submit(self, items: Sequence[Item | Whole]) -> Ticket:
+    def submit(self, items: list[Item]) -> Ticket:
         """Queue one request's items; ``ticket.futures`` give their results, in order."""
         ticket = self._queue.submit(items)
         if items:

@@ -14,13 +14,12 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client import Counter
 
 from arbiter.errors import ItemResult
-from arbiter.services.verify.worker import Decided, Item, Whole
+from arbiter.services.verify.worker import Item
 
 ITEMS_DROPPED = Counter(
     "verify_pool_items_dropped_total",
@@ -39,7 +38,7 @@ MIN_SHARE = 8
 class Ticket:
     """One request's items in the pool: its own queue, and the futures of its results."""
 
-    futures: list[asyncio.Future[ItemResult | Decided]]
+    futures: list[asyncio.Future[ItemResult]]
     jobs: deque[Job] = field(default_factory=deque)
     charge: float = 0.0  # worker seconds its items have taken so far
     cancelled: bool = False
@@ -47,8 +46,8 @@ class Ticket:
 
 @dataclass(eq=False)
 class Job:
-    item: Item | Whole
-    future: asyncio.Future[ItemResult | Decided]
+    item: Item
+    future: asyncio.Future[ItemResult]
     ticket: Ticket
 
 
@@ -57,12 +56,12 @@ class FairQueue:
         self._waiting: dict[Ticket, None] = {}  # requests with queued items, in arrival order
         self.queued = 0  # items queued, all requests
 
-    def submit(self, items: Sequence[Item | Whole]) -> Ticket:
+    def submit(self, items: list[Item]) -> Ticket:
         """Queue one request's items; ``ticket.futures`` give their results, in order."""
         loop = asyncio.get_running_loop()
         ticket = Ticket(futures=[])
         for item in items:
-            fut: asyncio.Future[ItemResult | Decided] = loop.create_future()
+            fut: asyncio.Future[ItemResult] = loop.create_future()
             ticket.futures.append(fut)
             ticket.jobs.append(Job(item, fut, ticket))
         if items:

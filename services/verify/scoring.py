@@ -1,12 +1,8 @@
 """The verify service's work: ``math_accuracy`` and ``format`` over component requests.
 
 Importable without FastAPI. ``Verifier`` is built once at start-up (it owns the worker
-pool). For a small request, extraction and the numeric fast path run here, in the service
-process (linear-time scans, bounded number sizes), and only what needs math-verify goes to
-the pool: a round trip to a worker would cost more than the work. A request of more than
-``VERIFY_INLINE_MAX`` responses (a GRPO batch from the gateway) goes to the pool whole,
-extraction included: the event loop then only parses, queues and gathers, and the batch's
-work spreads over every core instead of the event loop's one.
+pool). Extraction and the numeric fast path run here, in the service process (linear-time
+scans, bounded number sizes); everything that needs math-verify goes to the pool.
 """
 
 from __future__ import annotations
@@ -31,21 +27,18 @@ from arbiter.proto.errors import ItemError
 from arbiter.proto.verify import FormatRequest, MathRequest
 from arbiter.services.verify.extract import (
     INFO_CHARS,
+    Extraction,
+    Number,
+    extract_answer,
+    long_integer,
+    numbers_equal,
     reference_value,
     to_number,
 )
 from arbiter.services.verify.formatting import format_score
 from arbiter.services.verify.pool import WorkerPool
 from arbiter.services.verify.settings import VerifySettings
-from arbiter.services.verify.worker import (
-    CORRECT,
-    WRONG,
-    Decided,
-    Item,
-    Whole,
-    decide,
-    score_item,
-)
+from arbiter.services.verify.worker import CORRECT, WRONG, Item, score_item
 
 log = logging.getLogger("arbiter.verify")
 
@@ -88,27 +81,22 @@ def _outcome(score: float | None) -> str:
     return "correct" if score == 1.0 else "wrong"
 
 
-def _result(r: ItemResult | Decided) -> ItemResult:
-    return r[0] if isinstance(r, tuple) else r
-
-
-def _unpack(
-    r: ItemResult | Decided,
-    i: int,
-    answers: list[str | None],
-    conflicts: list[int],
-    paths: collections.Counter[str],
-) -> ItemResult:
-    """A pool result; a whole response's (a ``Decided``) also brings its answer and path."""
-    if not isinstance(r, tuple):
-        return r
-    result, path, status, answer = r
-    paths[path] += 1
-    if status == "conflict":
-        conflicts.append(i)
-    elif status == "ok":
-        answers[i] = answer
-    return result
+def plan_item(
+    response: str, gold: str, g_num: Number | None, rel_tol: float, fast: bool
+) -> tuple[Extraction, str, float | Item]:
+    """Extract the response's answer; decide it here (a score) or hand it on (a pool item).
+    The middle value is how (a ``verify_math_path_total`` label)."""
+    ex = extract_answer(response)
+    if ex.status != "ok":
+        return ex, "conflict" if ex.status == "conflict" else "no_answer", 0.0
+    p_num = to_number(ex.text) if fast and g_num is not None else None
+    if g_num is not None and p_num is not None:
+        return ex, "fast_path", 1.0 if numbers_equal(g_num, p_num, rel_tol) else 0.0
+    if fast and g_num is not None and g_num.value.denominator == 1 and not g_num.percent:
+        digits = long_integer(ex.text)  # integers compare exactly, whatever their length
+        if digits is not None:
+            return ex, "fast_path", 1.0 if digits == str(g_num.value.numerator) else 0.0
+    return ex, "pool", (gold, ex.text, rel_tol, not fast)
 
 
 def score_math_direct(
@@ -127,7 +115,7 @@ def score_math_direct(
         check = score_item(gold, gold, rel_tol, timeout_s, True)
         if check.score is None:
             return check
-    _, _, decided = decide(response, gold, g_num, rel_tol, True)
+    _, _, decided = plan_item(response, gold, g_num, rel_tol, True)
     if isinstance(decided, float):
         return ItemResult(decided)
     return score_item(*decided[:3], timeout_s, decided[3])
@@ -146,8 +134,9 @@ class Verifier:
 
     async def start(self) -> None:
         await self.pool.start()
-        # math-verify and sympy (imported for the worker code) leave ~120,000 long-lived
-        # objects in this process; without this, every full collection walks them all.
+        # math-verify and sympy (imported with the worker's code) leave ~120,000 long-lived
+        # objects in this process; frozen, a full collection no longer walks them (it took
+        # tens of milliseconds, a whole batch's worth of work, every few hundred requests).
         gc.freeze()
 
     async def close(self) -> None:
@@ -171,10 +160,7 @@ class Verifier:
             )
         rel_tol = req.params.rel_tolerance
         fast = self.settings.fast_path
-        # A large request is decided whole in the pool (extraction and fast path too): the
-        # event loop only parses, queues and gathers, and the work spreads over every core.
-        whole = fast and n_items > self.settings.inline_max
-        items: list[Item | Whole] = []
+        items: list[Item] = []
         # Counted per request, not per item: a metric's inc costs as much as the fast path.
         paths: collections.Counter[str] = collections.Counter()
         outcomes: collections.Counter[str] = collections.Counter()
@@ -193,13 +179,9 @@ class Verifier:
                 ref_check = len(items)
                 items.append((gold, gold, rel_tol, True))
             for i, response in enumerate(group.responses):
-                slot = slots[i]
-                if whole:
-                    slot.pending = len(items)
-                    items.append((gold, response, rel_tol))
-                    continue
-                ex, path, decided = decide(response, gold, g_num, rel_tol, fast)
+                ex, path, decided = plan_item(response, gold, g_num, rel_tol, fast)
                 paths[path] += 1
+                slot = slots[i]
                 if ex.status == "conflict":
                     conflicts.append(i)
                 if ex.status == "ok":
@@ -215,16 +197,16 @@ class Verifier:
         out: list[ComponentGroupResult] = []
         for group, (slots, ref_check, answers, conflicts) in zip(req.groups, groups, strict=True):
             ref_error = None
-            if ref_check >= 0 and _result(results[ref_check]).score is None:
-                ref_error = _result(results[ref_check])
+            if ref_check >= 0 and results[ref_check].score is None:
+                ref_error = results[ref_check]
             scores: list[float | None] = []
             errors: list[ItemError] = []
             for i, slot in enumerate(slots):
                 result = slot.result
-                if slot.pending >= 0:
-                    result = _unpack(results[slot.pending], i, answers, conflicts, paths)
                 if ref_error is not None:
                     result = ref_error
+                elif slot.pending >= 0:
+                    result = results[slot.pending]
                 error = result.error(i)
                 if error is not None:
                     errors.append(error)
@@ -245,7 +227,7 @@ class Verifier:
             usage=ComponentUsage(items=n_items, elapsed_ms=(time.perf_counter() - start) * 1e3),
         )
 
-    async def _run(self, items: list[Item | Whole]) -> list[ItemResult | Decided]:
+    async def _run(self, items: list[Item]) -> list[ItemResult]:
         """Score items in the pool; never waits past a bound, whatever the pool does."""
         if not items:
             return []

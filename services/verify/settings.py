@@ -45,14 +45,6 @@ class VerifySettings(ServiceSettings):
         "without math-verify. Off: every item goes through the pool and math-verify.",
     )
 
-    inline_max: int = Field(
-        default=64,
-        ge=0,
-        description="With the fast path on, requests of at most this many responses are "
-        "decided in the service process (extraction, fast path), larger ones whole in the "
-        "pool's workers, so that a batch's work spreads over every core.",
-    )
-
     @model_validator(mode="after")
     def _check(self) -> VerifySettings:
         if not 1 <= self.workers <= 256:

@@ -1,16 +1,13 @@
 """What runs inside a pool worker process: math-verify with its own timeouts on.
 
-A worker receives a chunk of items over its socket: ``(gold, pred, rel_tolerance,
-always_mv)`` for math-verify, or a whole response ``(gold, response, rel_tolerance)`` whose
-answer it extracts and decides by the fast path first (a large request; ``decide`` is the
-one rule the service process uses for small ones). It scores them one by one and sends
-back their results and times: one message at the end, plus one at each "flush point" the
-parent marks (where the next request's items start, so that one request's results never
-wait on another's item, nor die with a worker killed for it). Before each item it writes
-``(start time, item index)`` into a shared array, so the parent can tell which item
-overran its wall-clock deadline without a message per item; and it reads the array's
-"yield" flag: when the parent has raised it (other requests wait, or this chunk's request
-was cancelled) it stops there and sends the results it has.
+A worker receives a chunk of items ``(gold, pred, rel_tolerance)`` over its socket, scores
+them one by one and sends back their results and times: one message at the end, plus one
+at each "flush point" the parent marks (where the next request's items start, so that one
+request's results never wait on another's item, nor die with a worker killed for it).
+Before each item it writes ``(start time, item index)`` into a shared array, so the
+parent can tell which item overran its wall-clock deadline without a message per item;
+and it reads the array's "yield" flag: when the parent has raised it (other requests wait,
+or this chunk's request was cancelled) it stops there and sends the results it has.
 
 This module is preloaded in the forkserver, and so is ``warm_up`` (which scores a few
 items there once), so math-verify and sympy are imported and their lazy parts built once:
@@ -33,26 +30,10 @@ from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
 from arbiter.errors import ItemResult
-from arbiter.services.verify.extract import (
-    INFO_CHARS,
-    Extraction,
-    Number,
-    extract_answer,
-    latex_wrap,
-    long_integer,
-    looks_like_text,
-    numbers_equal,
-    to_number,
-)
+from arbiter.services.verify.extract import latex_wrap, looks_like_text, numbers_equal, to_number
 
 CORRECT, WRONG = ItemResult(1.0), ItemResult(0.0)
 Item = tuple[str, str, float, bool]  # gold, pred, rel_tolerance, always_mv
-# A whole response (the service hands a large request's extraction and fast path to the
-# pool too): gold, response, rel_tolerance. Its answer is a ``Decided``.
-Whole = tuple[str, str, float]
-# result, how it was decided (fast_path, pool, no_answer, conflict), the extraction's
-# status, the answer for the response's info ("" when none)
-Decided = tuple[ItemResult, str, str, str]
 # The shared array's slots: the running item's index, its start time, the yield flag.
 RUNNING, STARTED, YIELD = 0, 1, 2
 
@@ -144,46 +125,6 @@ def score_item(
         return ItemResult(None, "internal", "expression too deeply nested")
 
 
-def decide(
-    response: str, gold: str, g_num: Number | None, rel_tol: float, fast: bool
-) -> tuple[Extraction, str, float | Item]:
-    """Extract the response's answer; decide it now (a score) or not (a math-verify item),
-    and say how (the path)."""
-    ex = extract_answer(response)
-    if ex.status != "ok":
-        return ex, "conflict" if ex.status == "conflict" else "no_answer", 0.0
-    p_num = to_number(ex.text) if fast and g_num is not None else None
-    if g_num is not None and p_num is not None:
-        return ex, "fast_path", 1.0 if numbers_equal(g_num, p_num, rel_tol) else 0.0
-    if fast and g_num is not None and g_num.value.denominator == 1 and not g_num.percent:
-        digits = long_integer(ex.text)  # integers compare exactly, whatever their length
-        if digits is not None:
-            return ex, "fast_path", 1.0 if digits == str(g_num.value.numerator) else 0.0
-    return ex, "pool", (gold, ex.text, rel_tol, not fast)
-
-
-@lru_cache(maxsize=4096)
-def _gold_number(gold: str) -> Number | None:
-    return to_number(gold)
-
-
-def score_whole(gold: str, response: str, rel_tol: float, timeout_s: int) -> Decided:
-    """The whole rule for one response (fast path on), in a worker."""
-    ex, path, decided = decide(response, gold, _gold_number(gold), rel_tol, True)
-    if isinstance(decided, float):
-        result = CORRECT if decided == 1.0 else WRONG
-    else:
-        result = score_item(*decided[:3], timeout_s, decided[3])
-    return result, path, ex.status, ex.text.strip()[:INFO_CHARS] if ex.status == "ok" else ""
-
-
-def _run(item: Item | Whole, timeout_s: int) -> ItemResult | Decided:
-    if len(item) == 3:
-        return score_whole(*item, timeout_s)
-    gold, pred, rel_tol, always_mv = item
-    return score_item(gold, pred, rel_tol, timeout_s, always_mv)
-
-
 def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
     """Serve chunks until the socket closes or ``None`` arrives."""
     # The parent coordinates shutdown: ignore Ctrl-C's SIGINT, die on SIGTERM.
@@ -200,9 +141,9 @@ def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
             return
         chunk_id, items, flush_at = msg
         first = 0  # index of the first result not sent yet
-        results: list[ItemResult | Decided] = []
+        results: list[ItemResult] = []
         seconds: list[float] = []  # each item's time, for the pool's fair share
-        for i, item in enumerate(items):
+        for i, (gold, pred, rel_tol, always_mv) in enumerate(items):
             if i and shared[YIELD]:  # hand the rest back (see pool.py)
                 break
             if i in flush_at and results:  # another request's items start: send these
@@ -212,7 +153,7 @@ def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
             shared[STARTED] = started  # start time first, then the index
             shared[RUNNING] = float(i)
             try:
-                results.append(_run(item, timeout_s))
+                results.append(score_item(gold, pred, rel_tol, timeout_s, always_mv))
             except Exception as exc:  # never let one item take the worker down
                 results.append(ItemResult.failed(exc))
             seconds.append(time.monotonic() - started)

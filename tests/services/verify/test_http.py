@@ -65,21 +65,6 @@ def test_math_table_over_http(which: str, verify_url: str, strict_url: str) -> N
         assert group["errors"] == [], why
 
 
-def test_large_request_decided_whole_in_the_pool_answers_the_same(verify_url: str) -> None:
-    # Past VERIFY_INLINE_MAX (64) responses, extraction and the fast path run in the pool's
-    # workers too: the same scores, errors and info (answers, conflicts) as the same groups
-    # sent in small requests, which the service decides in its own process.
-    groups = [{"id": f"c{i}", "reference": ref, "responses": [resp, resp + " ", "\\boxed{1}"]}
-              for i, (resp, ref, _, _) in enumerate(MATH_CASES)]  # fmt: skip
-    whole = _math(verify_url, groups)["groups"]
-    inline = [
-        g for i in range(0, len(groups), 8) for g in _math(verify_url, groups[i : i + 8])["groups"]
-    ]
-    assert len(groups) * 3 > 64
-    assert whole == inline
-    assert any("conflicts" in g["info"] for g in whole)  # the table has anti-hacking cases
-
-
 def test_null_cases_over_http(verify_url: str) -> None:
     groups = [{"id": f"n{i}", "reference": ref, "responses": [resp, resp]}
               for i, (resp, ref, _, _) in enumerate(NULL_CASES)]  # fmt: skip
