@@ -328,7 +328,8 @@ def run(
 def table(r: dict[str, Any]) -> str:
     lines = [
         f"verify, {r['groups']} groups × {r['group_size']} GSM8K-like responses; "
-        f"{r['machine']}; best of {r['rounds']} rounds",
+        f"(fast-path rows: {r['fast_path_repeat']} passes); {r['machine']}; "
+        f"best of {r['rounds']} rounds; uvicorn processes: {r['serve_processes']}",
         "| what | responses/s | same-work ratio | p50 / p99 per request | client CPU | "
         "service CPU | correct |",
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
