@@ -72,6 +72,14 @@ def create_app() -> FastAPI:
     async def stats() -> dict[str, int]:
         return dict(state)
 
+    @app.post("/stats/reset")
+    async def reset_stats() -> dict[str, int]:
+        # Another test's cancelled requests may still be sleeping here (0.2 s each): let them
+        # finish first.
+        await asyncio.sleep(0.25)
+        state["max_in_flight"] = state["in_flight"]
+        return dict(state)
+
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> JSONResponse:
         body = await request.json()

@@ -149,6 +149,8 @@ async def test_retries_exhausted_is_unavailable(stub_root: str) -> None:
 
 async def test_concurrency_is_bounded(stub_root: str) -> None:
     # 12 items, max_concurrency 3: never more than 3 requests at the server
+    async with httpx.AsyncClient() as http:  # the stub is shared by the session's tests
+        (await http.post(f"{stub_root}/stats/reset")).raise_for_status()
     judge = _judge(stub_root, "count", max_concurrency=3)
     group = ScoreGroup(**{**GROUP, "responses": [str(i) for i in range(12)]})
     try:
