@@ -60,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     p_serve.add_argument("service", choices=SERVICES)
     p_serve.add_argument("--host", default=None, help="bind address (default: <NAME>_HOST)")
     p_serve.add_argument("--port", type=int, default=None, help="port (default: <NAME>_PORT)")
-    p_serve.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    p_serve.add_argument(
+        "--workers", type=int, default=None,
+        help="event-loop processes on the one port (default: <NAME>_PROCESSES)",
+    )  # fmt: skip
     p_serve.set_defaults(func=_cmd_serve)
 
     p_up = sub.add_parser("up", help="start Redis and every service locally, score a sample")

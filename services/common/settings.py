@@ -2,10 +2,10 @@
 
 ``ServiceSettings`` carries the policy every service shares (unknown variables ignored,
 settings frozen once read) and the fields ``arbiter serve`` reads: ``host``, ``port``,
-``log_level``, ``access_log``, and the limits every service enforces before any work
-(``max_body_bytes``, ``max_buffered_bytes``, ``max_total_chars``). Each service's class
-sets only its ``env_prefix`` and its own port default - the one place a service's port is
-written down.
+``log_level``, ``access_log``, ``processes``, and the limits every service enforces
+before any work (``max_body_bytes``, ``max_buffered_bytes``, ``max_total_chars``). Each
+service's class sets only its ``env_prefix`` and its own port default - the one place a
+service's port is written down.
 """
 
 from __future__ import annotations
@@ -31,6 +31,14 @@ class ServiceSettings(BaseSettings):
         default="info",
         description="Level of the service's own and uvicorn's loggers; other libraries "
         "log at warning and above.",
+    )
+    processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Event-loop processes serving the port, each with its own listening "
+        "socket (SO_REUSEPORT: the kernel spreads connections across them) and its own "
+        "state (a verify pool, /metrics counts); `arbiter serve --workers N` overrides it.",
     )
     access_log: bool = Field(
         default=False,
