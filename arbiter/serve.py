@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 # app.create_app(); the order is the order ``arbiter up`` starts them in.
 SERVICES = ("verify", "embedding", "judge", "gateway")
 
+log = logging.getLogger("arbiter.serve")
+
 
 def settings_class(name: str) -> type[ServiceSettings]:
     """The settings class of service ``name``: the one defined in its settings module."""
@@ -112,9 +114,6 @@ def serve(
     return _serve_processes(name, processes, config)
 
 
-log = logging.getLogger("arbiter.serve")
-
-
 def _reuseport_socket(host: str, port: int) -> socket.socket:
     """A socket bound to host:port that other processes may bind too (SO_REUSEPORT).
 
@@ -179,6 +178,8 @@ def _serve_processes(name: str, processes: int, config: dict[str, Any]) -> int:
     signal.signal(signal.SIGINT, forward)
     for child in children:
         child.start()
+    if stopping:  # a signal came while they started
+        forward(signal.SIGTERM, None)
     log.info(
         "%s: %d processes on %s:%s (SO_REUSEPORT), pids %s",
         name, processes, config["host"], config["port"], [c.pid for c in children],
