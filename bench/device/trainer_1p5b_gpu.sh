@@ -4,14 +4,7 @@
 # checkpointing, KV cache freed before each training step), TRL 1.16 GRPOTrainer at per-device
 # batch 16 x accumulation 16, then ours again with the cache kept and micro-batches of 16.
 # Carry [".carry/trainer"].  SMALL=1 runs the same command on a CPU (no wheels installed).
-if [ "${SMALL:-0}" != 1 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .carry/trainer/whl/*.whl || { echo "wheel install failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-else
-  export ANCHOR_SMALL=1
-fi
+source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OUT=${OUT:-/tmp/trainer_1p5b_out}
 PY=${PY:-python3}
 set -o pipefail

@@ -5,13 +5,8 @@
 # ONE_GPU=1 then runs the same model on GPU 0 alone (fsdp=false, bf16-mixed: does it fit?).
 # Carry [".carry/trainer"].  SMALL=1 runs the same commands on a CPU with tiny shapes.
 EXTRA=()
-if [ "${SMALL:-0}" != 1 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-    .carry/trainer/whl/*.whl || { echo "wheel install failed"; exit 1; }
-  export PYTHONPATH=/tmp/site:$PWD
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-else
-  export ANCHOR_SMALL=1
+source "$(dirname "$0")/gpu_env.sh"
+if [ "${SMALL:-0}" = 1 ]; then
   EXTRA=(device=cpu max_new_tokens=16 rollouts_per_step=8 micro_batch_size=4)
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OUT=${OUT:-/tmp/trainer_7b_out}
