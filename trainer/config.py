@@ -136,6 +136,12 @@ class TrainerConfig:
         "torch.compile the sampler's decode step before CUDA-graph capture (GPU only; the CPU "
         "samples eagerly); compiles once per batch/length shape. false = graphs only.",
     )
+    compile_train: bool = _f(
+        True,
+        "torch.compile the decoder layers (regional) and the log-prob head's element-wise "
+        "maths for the training forward/backward (GPU only, not with fsdp; the CPU runs "
+        "eagerly); the first steps compile (about a minute). false = eager.",
+    )
     sampler_keep_cache: bool = _f(
         True,
         "Keep the sampler's KV cache (rows x (longest prompt + max_new_tokens), per layer) and "

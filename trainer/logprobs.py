@@ -4,26 +4,31 @@ The plain way, ``log_softmax(model(...).logits)[targets]``, holds ``[tokens, voc
 in the model dtype and again in float32 (and their gradient): at Qwen2.5's 151,936-token
 vocabulary, 16 sequences x 512 tokens are 5 GB per float32 copy. ``completion_logprobs``
 instead has the model's output head return log-probs: it projects ``chunk_tokens`` hidden
-states at a time, reduces each chunk to its (log-prob, entropy) pairs, and keeps no chunk
-logits for backward (each chunk runs under activation checkpointing, so its logits are
-recomputed, one chunk at a time, when the gradient flows). Peak memory of the head is then
-``chunk_tokens x vocab`` instead of ``tokens x vocab``; the values equal the plain way's
+states at a time, reduces each chunk to its (log-prob, entropy) pairs and keeps only the
+chunk's log-sum-exp for backward, where the chunk's logits are recomputed (one matmul) and
+turned straight into their gradient, ``g * (onehot - softmax)``. Peak memory of the head is
+then ``chunk_tokens x vocab`` instead of ``tokens x vocab``; the values equal the plain way's
 (tests/trainer/test_logprobs.py), in the spirit of Liger's fused linear cross-entropy.
 
-The head is swapped only for the duration of one forward call, inside the model's own
-forward, so DDP's and FSDP2's hooks (gradient reduction, parameter unsharding) see an
-ordinary forward and backward.
+``compile=True`` (the trainer passes it on a GPU, setting ``compile_train``) runs the decoder
+layers and the head's element-wise maths through ``torch.compile`` (regional compilation: one
+compiled layer serves every layer); the CPU runs them eagerly.
+
+The head (and, compiled, each layer's forward) is swapped only for the duration of one
+forward call, inside the model's own forward, so DDP's and FSDP2's hooks (gradient
+reduction, parameter unsharding) see an ordinary forward and backward, and the sampler and
+evaluation never run the compiled layers.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -59,50 +64,131 @@ def completion_logprobs(
     n_completion: int,
     *,
     chunk_tokens: int = 1024,
+    compile: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (S, N) fp32 of the last ``n_completion`` tokens of ``input_ids`` (S, P + N),
     with gradient, and their entropies (S, N) fp32, without gradient.
 
-    ``chunk_tokens`` = 0 computes the whole logits tensor at once (the plain way)."""
+    ``chunk_tokens`` = 0 computes the whole logits tensor at once (the plain way).
+    ``compile``: torch.compile the decoder layers and the chunked head (GPU only)."""
     targets = input_ids[:, -n_completion:]
-    if chunk_tokens <= 0:
-        logits = completion_logits(model, input_ids, attention_mask, n_completion)
-        return token_logprobs(logits, targets), token_entropy(logits.detach())
-    head = _unwrap(model).get_output_embeddings()
-    entropy: list[torch.Tensor] = []
-    with _head_returns_logprobs(head, targets, chunk_tokens, entropy):
-        out = model(**_forward_kwargs(input_ids, attention_mask, n_completion))
+    with _compiled_layers(model, compile):
+        if chunk_tokens <= 0:
+            logits = completion_logits(model, input_ids, attention_mask, n_completion)
+            return token_logprobs(logits, targets), token_entropy(logits.detach())
+        head = _unwrap(model).get_output_embeddings()
+        entropy: list[torch.Tensor] = []
+        with _head_returns_logprobs(head, targets, chunk_tokens, entropy, compile):
+            out = model(**_forward_kwargs(input_ids, attention_mask, n_completion))
     return out.logits, entropy[0]
 
 
+def trim_padding(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Drop the columns no row needs: left padding that every row has, and completion
+    columns after the last loss token of every row (a causal model's log-probs of earlier
+    tokens do not depend on them). Returns the trimmed ids and mask, and the completion
+    columns kept (>= 1); log-probs of the dropped completion columns are not computed."""
+    n = loss_mask.shape[1]
+    p = input_ids.shape[1] - n
+    dev = input_ids.device
+    real = attention_mask[:, :p].bool().any(0)  # (P,)
+    used = loss_mask.bool().any(0)  # (N,)
+    never = torch.full((1,), p, device=dev)
+    first = torch.cat([torch.where(real, torch.arange(p, device=dev), p), never]).min()
+    last = (used * torch.arange(1, n + 1, device=dev)).max()
+    first_i, keep = (int(x) for x in torch.stack([first, last]).tolist())  # one host sync
+    keep = max(1, keep)
+    return input_ids[:, first_i : p + keep], attention_mask[:, first_i : p + keep], keep
+
+
 def chunked_logprobs(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_tokens: int
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_tokens: int,
+    compile: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden (S, N, H) @ weight (V, H)^T -> log-probs of ``targets`` (S, N) and entropy
     (S, N), ``chunk_tokens`` rows of logits at a time."""
     S, N, H = hidden.shape
     h, t = hidden.reshape(S * N, H), targets.reshape(S * N)
-    grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     logps, ents = [], []
     for s in range(0, S * N, chunk_tokens):
-        args = (h[s : s + chunk_tokens], weight, t[s : s + chunk_tokens])
-        lp, ent = checkpoint(_chunk, *args, use_reentrant=False) if grad else _chunk(*args)
+        lp, ent = _HeadChunk.apply(h[s : s + chunk_tokens], weight, t[s : s + chunk_tokens],
+                                   compile)  # fmt: skip
         logps.append(lp)
         ents.append(ent)
     # a copy, not a view: FSDP2 warns of views returned from a sharded module's forward
     return torch.cat(logps).view(S, N).clone(), torch.cat(ents).view(S, N)
 
 
-def _chunk(
-    h: torch.Tensor, weight: torch.Tensor, t: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = F.linear(h, weight)  # (c, V), in the autocast dtype when autocast is on
-    return token_logprobs(logits, t), token_entropy(logits.detach())
+def _chunk_stats(
+    logits: torch.Tensor, t: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(c, V) logits -> log-prob of ``t``, entropy, log-sum-exp; each (c,) fp32."""
+    lf = logits.float()
+    lse = torch.logsumexp(lf, dim=-1)
+    z = lf - lse[:, None]
+    ent = -(z.exp() * z).sum(-1)
+    return z.gather(-1, t[:, None]).squeeze(-1), ent, lse
+
+
+def _chunk_grad(
+    logits: torch.Tensor, lse: torch.Tensor, t: torch.Tensor, g: torch.Tensor
+) -> torch.Tensor:
+    """Gradient of sum(g * logp[t]) w.r.t. the logits: g * (onehot(t) - softmax), in the
+    logits' dtype."""
+    p = torch.exp(logits.float() - lse[:, None])
+    hit = torch.arange(logits.shape[-1], device=logits.device)[None] == t[:, None]
+    return (torch.where(hit, 1.0 - p, -p) * g[:, None]).to(logits.dtype)
+
+
+_COMPILED: dict[str, Callable[..., Any]] = {}
+
+
+def _maybe_compiled(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
+    if not compile:
+        return fn
+    if fn.__name__ not in _COMPILED:
+        _COMPILED[fn.__name__] = torch.compile(fn)
+    return _COMPILED[fn.__name__]
+
+
+class _HeadChunk(torch.autograd.Function):
+    """One chunk of the head: logits = h @ W^T reduced to (log-prob, entropy); backward
+    recomputes the logits and forms their gradient directly (no fp32 logits kept)."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, h: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, compile: bool
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = F.linear(h, weight)  # (c, V), in the autocast dtype when autocast is on
+        logp, ent, lse = _maybe_compiled(_chunk_stats, compile)(logits, t)
+        ctx.save_for_backward(h, weight, t, lse)
+        ctx.dtype, ctx.compile = logits.dtype, compile
+        ctx.mark_non_differentiable(ent)
+        return logp, ent
+
+    @staticmethod
+    def backward(
+        ctx: Any, g: torch.Tensor | None, _g_ent: Any
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
+        h, weight, t, lse = ctx.saved_tensors
+        if g is None:
+            return None, None, None, None
+        w = weight.to(ctx.dtype)  # autocast does not reach backward: cast as forward did
+        hc = h.to(ctx.dtype)
+        gl = _maybe_compiled(_chunk_grad, ctx.compile)(F.linear(hc, w), lse, t, g.float())
+        gh = (gl @ w).to(h.dtype) if ctx.needs_input_grad[0] else None
+        gw = (gl.t() @ hc).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return gh, gw, None, None
 
 
 @contextlib.contextmanager
 def _head_returns_logprobs(
-    head: Any, targets: torch.Tensor, chunk_tokens: int, entropy: list[torch.Tensor]
+    head: Any, targets: torch.Tensor, chunk_tokens: int, entropy: list[torch.Tensor], compile: bool
 ) -> Iterator[None]:
     """Make ``head`` (the LM head, a bias-free Linear) map hidden states (S, N + 1, H) to
     the log-probs (S, N) of ``targets`` for one call; the entropies go to ``entropy``."""
@@ -112,7 +198,7 @@ def _head_returns_logprobs(
         )
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        logps, ent = chunked_logprobs(hidden[:, :-1], head.weight, targets, chunk_tokens)
+        logps, ent = chunked_logprobs(hidden[:, :-1], head.weight, targets, chunk_tokens, compile)
         entropy.append(ent)
         return logps
 
@@ -121,6 +207,27 @@ def _head_returns_logprobs(
         yield
     finally:
         del head.forward
+
+
+@contextlib.contextmanager
+def _compiled_layers(model: Any, compile: bool) -> Iterator[None]:
+    """Run each decoder layer's forward through torch.compile for one call (regional
+    compilation: the layers share one compiled graph; hooks and checkpointing stay outside)."""
+    layers = getattr(getattr(_unwrap(model), "model", None), "layers", None) if compile else None
+    if not layers:
+        yield
+        return
+    for layer in layers:
+        fn = layer.__dict__.get("_arbiter_compiled_forward")
+        if fn is None:
+            fn = torch.compile(types.MethodType(type(layer).forward, layer))
+            layer.__dict__["_arbiter_compiled_forward"] = fn
+        layer.forward = fn
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward
 
 
 def _forward_kwargs(

@@ -20,7 +20,7 @@ import torch
 
 from arbiter.trainer.data import Problem, chat_messages, render_prompt
 from arbiter.trainer.generation import Sampler
-from arbiter.trainer.logprobs import completion_logprobs
+from arbiter.trainer.logprobs import completion_logprobs, trim_padding
 from arbiter.trainer.sampling import SamplingParams
 
 
@@ -161,11 +161,13 @@ def sequence_logprobs(
     out = []
     try:
         for s in range(0, len(rollout), micro_batch_size):
-            ids = rollout.input_ids[s : s + micro_batch_size]
-            attn = rollout.attention_mask[s : s + micro_batch_size]
+            sl = slice(s, s + micro_batch_size)
+            ids, attn, n = trim_padding(
+                rollout.input_ids[sl], rollout.attention_mask[sl], rollout.loss_mask[sl]
+            )
             with autocast(ids.device, precision):
-                logps, _ = completion_logprobs(model, ids, attn, N, chunk_tokens=chunk_tokens)
-            out.append(logps)
+                logps, _ = completion_logprobs(model, ids, attn, n, chunk_tokens=chunk_tokens)
+            out.append(torch.nn.functional.pad(logps, (0, N - n)))  # 0 past the last action
     finally:
         model.train(was_training)
     return torch.cat(out, dim=0)

@@ -3,7 +3,9 @@
 DDP and FSDP2 average gradients over ranks, so each rank divides its loss by the global
 token (or sequence) count over the world size: the result is the exact global
 token/sequence mean. Log-probs come from ``trainer.logprobs`` in chunks of
-``logprob_chunk_tokens`` (never the whole [tokens, vocab] logits).
+``logprob_chunk_tokens`` (never the whole [tokens, vocab] logits). Each micro-batch is first
+trimmed of the columns none of its rows needs (shared left padding, completion columns after
+its last action token), and the logging sums stay on the device until the batch is done.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from arbiter.trainer.config import TrainerConfig
 from arbiter.trainer.grpo import grpo_loss
-from arbiter.trainer.logprobs import completion_logprobs
-from arbiter.trainer.parallel import clip_grad_norm, grad_sync
+from arbiter.trainer.logprobs import completion_logprobs, trim_padding
+from arbiter.trainer.parallel import clip_grad_norm, grad_sync, is_sharded
 from arbiter.trainer.rollout import Rollout, autocast
 
 
@@ -27,25 +30,35 @@ def train_on_batch(
     adv: torch.Tensor,
     dist: Any,
     precision: str,
+    *,
+    trim: bool = True,
 ) -> dict[str, float]:
     """mu passes of clipped-surrogate updates of ``model`` (the policy, sharded or not, or
-    its DDP wrapper); returns summed token statistics."""
+    its DDP wrapper); returns summed token statistics. ``trim``: drop each micro-batch's
+    unneeded padding columns (exact; False only to measure what it saves)."""
     S, N, mbs = len(roll), roll.n_completion, cfg.micro_batch_size
     device = roll.input_ids.device
     lens = roll.loss_mask.sum(-1)
     tokens, seqs = dist.all_sum([float(lens.sum()), float((lens > 0).sum())], device)
     norm = max(1.0, tokens if cfg.loss_agg == "token_mean" else seqs) / dist.world
-    acc = dict.fromkeys(("loss", "pg", "kl", "clipped", "ratio", "entropy", "grad_norm"), 0.0)
+    names = ("loss", "pg", "kl", "clipped", "ratio", "entropy")
+    acc: dict[str, Any] = {k: torch.zeros((), device=device) for k in names}
+    grad_norm = 0.0
+    compile = train_compiled(cfg, model, device)
     starts = list(range(0, S, mbs))
     for it in range(cfg.mu):
         opt.zero_grad(set_to_none=True)
         for k, s in enumerate(starts):
             sl = slice(s, s + mbs)
             ids, attn, mask = roll.input_ids[sl], roll.attention_mask[sl], roll.loss_mask[sl]
+            n = N
+            if trim:
+                ids, attn, n = trim_padding(ids, attn, mask)
             with grad_sync(model, k == len(starts) - 1), autocast(device, precision):
                 logps, ent = completion_logprobs(
-                    model, ids, attn, N, chunk_tokens=cfg.logprob_chunk_tokens
-                )  # (mbs, N) each
+                    model, ids, attn, n, chunk_tokens=cfg.logprob_chunk_tokens, compile=compile
+                )  # (mbs, n) each; the dropped columns (no loss token) get 0
+                logps, ent = F.pad(logps, (0, N - n)), F.pad(ent, (0, N - n))
                 old = roll.old_logps[sl] if roll.old_logps is not None else logps.detach()
                 ref = roll.ref_logps[sl] if roll.ref_logps is not None else None
                 parts = grpo_loss(
@@ -54,23 +67,30 @@ def train_on_batch(
                 )  # fmt: skip
                 parts.loss.backward()
             if it == 0:
-                acc["entropy"] += float((ent * mask).sum())
-                acc["pg"] += float(parts.pg_sum)
-                acc["kl"] += float(parts.kl_sum)
-            acc["clipped"] += float(parts.clipped)
-            acc["ratio"] += float(parts.ratio_sum)
-            acc["loss"] += float(parts.loss.detach()) / cfg.mu
+                acc["entropy"] += (ent * mask).sum()
+                acc["pg"] += parts.pg_sum
+                acc["kl"] += parts.kl_sum
+            acc["clipped"] += parts.clipped
+            acc["ratio"] += parts.ratio_sum
+            acc["loss"] += parts.loss.detach() / cfg.mu
             del logps, ent, parts
         if cfg.max_grad_norm > 0:
-            acc["grad_norm"] = clip_grad_norm(model, cfg.max_grad_norm)
+            grad_norm = clip_grad_norm(model, cfg.max_grad_norm)
         opt.step()
+    sums = {k: float(v) for k, v in zip(acc, torch.stack(list(acc.values())).tolist(), strict=True)}
     local = max(1.0, float(lens.sum()))
     return {
-        "loss": acc["loss"],
-        "grad_norm": acc["grad_norm"],
-        "entropy": acc["entropy"] / local,
-        "kl": acc["kl"] / local,
-        "pg_loss": acc["pg"] / local,
-        "clip_frac": acc["clipped"] / (local * cfg.mu),
-        "ratio/mean": acc["ratio"] / (local * cfg.mu),
+        "loss": sums["loss"],
+        "grad_norm": grad_norm,
+        "entropy": sums["entropy"] / local,
+        "kl": sums["kl"] / local,
+        "pg_loss": sums["pg"] / local,
+        "clip_frac": sums["clipped"] / (local * cfg.mu),
+        "ratio/mean": sums["ratio"] / (local * cfg.mu),
     }
+
+
+def train_compiled(cfg: TrainerConfig, model: Any, device: torch.device) -> bool:
+    """Whether the training forward/backward runs compiled: ``compile_train`` on a GPU, not
+    under FSDP2 (not measured there)."""
+    return cfg.compile_train and device.type == "cuda" and not is_sharded(model)
