@@ -35,15 +35,15 @@ from bench.trainer_speed import REPO, _load_anchor
 
 CUDA = torch.cuda.is_available()
 VARIANTS: dict[str, dict[str, Any]] = {  # in the order they run by default
-    "base": dict(mbs=8, ckpt="all", trim=False, compile=False),  # the measured setting
+    "base": dict(mbs=8, ckpt="all", trim=False, compile=False),  # the setting measured first
     "trim": dict(mbs=8, ckpt="all", trim=True, compile=False),
     "compile": dict(mbs=8, ckpt="all", trim=True, compile=True),
-    "compile_mb1_none": dict(mbs=1, ckpt="none", trim=True, compile=True),
-    "compile_mb2_ckpt2": dict(mbs=2, ckpt=2, trim=True, compile=True),
     "compile_mb16": dict(mbs=16, ckpt="all", trim=True, compile=True),
     "compile_mb4_ckpt2": dict(mbs=4, ckpt=2, trim=True, compile=True),
-    "compile_mb2_ckpt4": dict(mbs=2, ckpt=4, trim=True, compile=True),
+    "compile_mb8_ckpt2": dict(mbs=8, ckpt=2, trim=True, compile=True),
     "compile_mb2_none": dict(mbs=2, ckpt="none", trim=True, compile=True),
+    "compile_mb1_none": dict(mbs=1, ckpt="none", trim=True, compile=True),
+    "compile_mb2_ckpt4": dict(mbs=2, ckpt=4, trim=True, compile=True),
 }
 
 
@@ -62,7 +62,14 @@ def set_checkpointing(model: Any, ckpt: str | int) -> None:
 
 
 def run_variant(
-    a: Any, model: Any, opt: Any, roll: Any, adv: torch.Tensor, v: dict[str, Any], steps: int
+    a: Any,
+    model: Any,
+    opt: Any,
+    roll: Any,
+    adv: torch.Tensor,
+    v: dict[str, Any],
+    steps: int,
+    profile_step: bool = False,
 ) -> dict[str, Any]:
     from arbiter.trainer.config import TrainerConfig
     from arbiter.trainer.setup import Dist
@@ -84,7 +91,22 @@ def run_variant(
         if i == 0:
             _reset_peak()  # compile-time temporaries are not the step
     steady = times[1:]
-    return {
+    prof: dict[str, Any] = {}
+    if profile_step:  # one more step: GPU busy time against wall time, top kernels
+        from torch.profiler import ProfilerActivity, profile
+
+        t = time.perf_counter()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as pr:
+            train_on_batch(cfg, model, opt, roll, adv, Dist(), "bf16", trim=v["trim"])
+            opt.zero_grad(set_to_none=True)
+            sync()
+        wall = time.perf_counter() - t
+        events = pr.key_averages()
+        busy = sum(getattr(e, "self_device_time_total", 0) for e in events) / 1e6
+        prof = {"profiled_wall_s": round(wall, 3), "kernel_s": round(busy, 3)}
+        prof["top"] = events.table(sort_by="self_device_time_total", row_limit=22)
+        print(prof["top"], flush=True)
+    return prof | {
         "setting": v,
         "first_step_s": round(times[0], 2),
         "times_s": [round(x, 3) for x in steady],
@@ -95,29 +117,32 @@ def run_variant(
     }
 
 
-def logprob_agreement(model: Any, roll: Any) -> dict[str, float]:
-    """One micro-batch's log-probs and the head's weight gradient, eager + padded vs compiled
-    + trimmed (bf16: both round differently; this bounds how differently)."""
+def logprob_agreement(model: Any, roll: Any) -> dict[str, Any]:
+    """One micro-batch's log-probs and the head's weight gradient: eager + padded against
+    eager + trimmed and compiled + trimmed (bf16: each way rounds differently; this bounds
+    how differently)."""
     from arbiter.trainer.logprobs import completion_logprobs, trim_padding
 
     ids, attn, mask = roll.input_ids[:8], roll.attention_mask[:8], roll.loss_mask[:8]
     n = mask.shape[1]
     out = []
-    for compile in (False, True):
+    for trim, compile in ((False, False), (True, False), (True, True)):
         model.zero_grad(set_to_none=True)
-        x, m, k = trim_padding(ids, attn, mask) if compile else (ids, attn, n)
+        x, m, k = trim_padding(ids, attn, mask) if trim else (ids, attn, n)
         lp, _ = completion_logprobs(model, x, m, k, compile=compile)
         lp.sum().backward()
         out.append((lp.detach().float(), model.lm_head.weight.grad.float().clone()))
     model.zero_grad(set_to_none=True)
-    (lp0, g0), (lp1, g1) = out
-    cos = torch.nn.functional.cosine_similarity(g0.flatten(), g1.flatten(), dim=0)
-    return {
-        "logp_max_abs_diff": round(float((lp0 - lp1).abs().max()), 5),
-        "logp_mean_abs_diff": round(float((lp0 - lp1).abs().mean()), 6),
-        "logp_mean": round(float(lp0.mean()), 4),
-        "head_grad_cosine": round(float(cos), 6),
-    }
+    res: dict[str, Any] = {"logp_mean": round(float(out[0][0].mean()), 4)}
+    for name, (lp1, g1) in zip(("eager_trimmed", "compiled_trimmed"), out[1:], strict=True):
+        lp0, g0 = out[0]
+        cos = torch.nn.functional.cosine_similarity(g0.flatten(), g1.flatten(), dim=0)
+        res[name] = {
+            "logp_max_abs_diff": round(float((lp0 - lp1).abs().max()), 5),
+            "logp_mean_abs_diff": round(float((lp0 - lp1).abs().mean()), 6),
+            "head_grad_cosine": round(float(cos), 6),
+        }
+    return res
 
 
 def profile_decode(a: Any, model: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, tok: Any) -> Any:
@@ -151,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--steps", type=int, default=2, help="timed steps per variant")
     p.add_argument("--budget-s", type=float, default=480, help="skip variants after this")
     p.add_argument("--profile-decode", action="store_true")
+    p.add_argument("--profile", default="", help="variants to profile one more step of")
     args = p.parse_args(argv)
     t_start = time.perf_counter()
     a = _load_anchor(args.anchor)
@@ -191,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
             res["variants"][name] = {"skipped": "time budget"}
             continue
         try:
-            r = run_variant(a, model, opt, roll, adv, VARIANTS[name], args.steps)
+            prof = name in args.profile.split(",")
+            r = run_variant(a, model, opt, roll, adv, VARIANTS[name], args.steps, prof)
         except torch.OutOfMemoryError as e:
             r = {"setting": VARIANTS[name], "error": "OOM " + str(e)[:200]}
         except Exception as e:  # keep the other variants

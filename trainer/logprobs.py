@@ -23,12 +23,13 @@ evaluation never run the compiled layers.
 from __future__ import annotations
 
 import contextlib
-import types
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -90,17 +91,36 @@ def trim_padding(
     columns after the last loss token of every row (a causal model's log-probs of earlier
     tokens do not depend on them). Returns the trimmed ids and mask, and the completion
     columns kept (>= 1); log-probs of the dropped completion columns are not computed."""
+    (span,) = trim_spans(attention_mask, loss_mask, len(input_ids))
+    return trimmed(input_ids, attention_mask, loss_mask.shape[1], span)
+
+
+def trim_spans(
+    attention_mask: torch.Tensor, loss_mask: torch.Tensor, micro_batch_size: int
+) -> list[tuple[int, int]]:
+    """``(first column, completion columns kept)`` of each micro-batch of
+    ``micro_batch_size`` rows (see ``trim_padding``), with one host sync for all of them."""
     n = loss_mask.shape[1]
-    p = input_ids.shape[1] - n
-    dev = input_ids.device
-    real = attention_mask[:, :p].bool().any(0)  # (P,)
-    used = loss_mask.bool().any(0)  # (N,)
-    never = torch.full((1,), p, device=dev)
-    first = torch.cat([torch.where(real, torch.arange(p, device=dev), p), never]).min()
-    last = (used * torch.arange(1, n + 1, device=dev)).max()
-    first_i, keep = (int(x) for x in torch.stack([first, last]).tolist())  # one host sync
-    keep = max(1, keep)
-    return input_ids[:, first_i : p + keep], attention_mask[:, first_i : p + keep], keep
+    p = attention_mask.shape[1] - n
+    dev = attention_mask.device
+    cols, comp = torch.arange(p, device=dev), torch.arange(1, n + 1, device=dev)
+    spans = []
+    for s in range(0, len(attention_mask), micro_batch_size):
+        real = attention_mask[s : s + micro_batch_size, :p].bool().any(0)  # (P,)
+        used = loss_mask[s : s + micro_batch_size].bool().any(0)  # (N,)
+        first = torch.where(real, cols, p).amin() if p else cols.new_zeros(())
+        spans.append(torch.stack([first, (used * comp).amax()]))
+    return [(int(f), max(1, int(k))) for f, k in torch.stack(spans).tolist()]
+
+
+def trimmed(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, span: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The columns of ``span`` (from ``trim_spans``) of one micro-batch with ``n``
+    completion columns: ids, mask, completion columns kept."""
+    first, keep = span
+    end = input_ids.shape[1] - n + keep
+    return input_ids[:, first:end], attention_mask[:, first:end], keep
 
 
 def chunked_logprobs(
@@ -212,22 +232,38 @@ def _head_returns_logprobs(
 @contextlib.contextmanager
 def _compiled_layers(model: Any, compile: bool) -> Iterator[None]:
     """Run each decoder layer's forward through torch.compile for one call (regional
-    compilation: the layers share one compiled graph; hooks and checkpointing stay outside)."""
+    compilation: every layer runs the same compiled function, the layer an argument). A
+    layer set to gradient checkpointing is checkpointed inside the compiled function (the
+    layer's own checkpointing is off meanwhile): a compiled forward under an eager
+    checkpoint would be recomputed eagerly, with other saved tensors than the forward's."""
     layers = getattr(getattr(_unwrap(model), "model", None), "layers", None) if compile else None
     if not layers:
         yield
         return
-    for layer in layers:
-        fn = layer.__dict__.get("_arbiter_compiled_forward")
-        if fn is None:
-            fn = torch.compile(types.MethodType(type(layer).forward, layer))
-            layer.__dict__["_arbiter_compiled_forward"] = fn
-        layer.forward = fn
+    ckpt = [bool(getattr(layer, "gradient_checkpointing", False)) for layer in layers]
+    for layer, c in zip(layers, ckpt, strict=True):
+        fn = _maybe_compiled(_layer_forward_checkpointed if c else _layer_forward, True)
+        layer.forward = functools.partial(fn, layer)
+        if c:
+            layer.gradient_checkpointing = False
     try:
         yield
     finally:
-        for layer in layers:
+        for layer, c in zip(layers, ckpt, strict=True):
             del layer.forward
+            if c:
+                layer.gradient_checkpointing = True
+
+
+def _layer_forward(layer: Any, *args: Any, **kwargs: Any) -> Any:
+    return type(layer).forward(layer, *args, **kwargs)
+
+
+def _layer_forward_checkpointed(layer: Any, *args: Any, **kwargs: Any) -> Any:
+    if not (layer.training and torch.is_grad_enabled()):
+        return type(layer).forward(layer, *args, **kwargs)
+    fwd = functools.partial(type(layer).forward, layer, **kwargs)
+    return checkpoint(fwd, *args, use_reentrant=False)
 
 
 def _forward_kwargs(

@@ -20,7 +20,7 @@ import torch
 
 from arbiter.trainer.data import Problem, chat_messages, render_prompt
 from arbiter.trainer.generation import Sampler
-from arbiter.trainer.logprobs import completion_logprobs, trim_padding
+from arbiter.trainer.logprobs import completion_logprobs, trim_spans, trimmed
 from arbiter.trainer.sampling import SamplingParams
 
 
@@ -160,11 +160,10 @@ def sequence_logprobs(
     N = rollout.n_completion
     out = []
     try:
-        for s in range(0, len(rollout), micro_batch_size):
+        spans = trim_spans(rollout.attention_mask, rollout.loss_mask, micro_batch_size)
+        for k, s in enumerate(range(0, len(rollout), micro_batch_size)):
             sl = slice(s, s + micro_batch_size)
-            ids, attn, n = trim_padding(
-                rollout.input_ids[sl], rollout.attention_mask[sl], rollout.loss_mask[sl]
-            )
+            ids, attn, n = trimmed(rollout.input_ids[sl], rollout.attention_mask[sl], N, spans[k])
             with autocast(ids.device, precision):
                 logps, _ = completion_logprobs(model, ids, attn, n, chunk_tokens=chunk_tokens)
             out.append(torch.nn.functional.pad(logps, (0, N - n)))  # 0 past the last action

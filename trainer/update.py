@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from arbiter.trainer.config import TrainerConfig
 from arbiter.trainer.grpo import grpo_loss
-from arbiter.trainer.logprobs import completion_logprobs, trim_padding
+from arbiter.trainer.logprobs import completion_logprobs, trim_spans, trimmed
 from arbiter.trainer.parallel import clip_grad_norm, grad_sync, is_sharded
 from arbiter.trainer.rollout import Rollout, autocast
 
@@ -46,6 +46,7 @@ def train_on_batch(
     grad_norm = 0.0
     compile = train_compiled(cfg, model, device)
     starts = list(range(0, S, mbs))
+    spans = trim_spans(roll.attention_mask, roll.loss_mask, mbs) if trim else []
     for it in range(cfg.mu):
         opt.zero_grad(set_to_none=True)
         for k, s in enumerate(starts):
@@ -53,7 +54,7 @@ def train_on_batch(
             ids, attn, mask = roll.input_ids[sl], roll.attention_mask[sl], roll.loss_mask[sl]
             n = N
             if trim:
-                ids, attn, n = trim_padding(ids, attn, mask)
+                ids, attn, n = trimmed(ids, attn, N, spans[k])
             with grad_sync(model, k == len(starts) - 1), autocast(device, precision):
                 logps, ent = completion_logprobs(
                     model, ids, attn, n, chunk_tokens=cfg.logprob_chunk_tokens, compile=compile
