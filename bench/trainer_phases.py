@@ -197,7 +197,10 @@ def card_limits(
 ) -> dict[str, Any]:
     """How far the steps ran from the card's limits: the decode step's time (prefill
     included) against (bf16 weights + KV cache) bytes / HBM bandwidth, and the train step's
-    model FLOPs utilisation (6 x matmul parameters x sequence tokens, attention left out)."""
+    model FLOPs utilisation (6 x matmul parameters x sequence tokens, attention left out):
+    ``train_mfu`` counts the padded batch's tokens, ``train_mfu_real_tokens`` only the real
+    ones (prompt and completion; the step drops padding that no row of a micro-batch needs,
+    so this is the useful work)."""
     name = card
     peak = next((v for k, v in CARDS.items() if k in name), None)
     if peak is None or not steady:
@@ -210,7 +213,7 @@ def card_limits(
     layers, kv = cfg.num_hidden_layers, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     out: dict[str, Any] = {"card": name, "peak_flops": flops, "hbm_bytes_per_s": bandwidth}
-    decode_ms, bound_ms, mfu = [], [], []
+    decode_ms, bound_ms, mfu, mfu_real = [], [], [], []
     for r in steady:
         n = r["decode_steps"]
         ctx = prompt_len + n / 2  # mean cache length read per decode step
@@ -218,9 +221,11 @@ def card_limits(
         decode_ms.append(1000 * r["generate_s"] / n)
         bound_ms.append(1000 * (matmul * 2 + kv_bytes) / bandwidth)
         mfu.append(6 * matmul * r["seq_tokens"] / r["train_s"] / flops)
+        mfu_real.append(6 * matmul * r.get("real_tokens", r["seq_tokens"]) / r["train_s"] / flops)
     dec, bound = sum(decode_ms) / len(decode_ms), sum(bound_ms) / len(bound_ms)
     out["decode_ms_per_step"] = round(dec, 3)
     out["decode_bound_ms_per_step"] = round(bound, 6)
     out["decode_x_of_bound"] = round(dec / bound, 2)
     out["train_mfu"] = round(sum(mfu) / len(mfu), 4)
+    out["train_mfu_real_tokens"] = round(sum(mfu_real) / len(mfu_real), 4)
     return out

@@ -133,9 +133,13 @@ def _grpo_steps(
         micro_batch_size=opts.micro_batch or a.NSEQ,
         logprob_chunk_tokens=opts.logprob_chunk,
         gradient_checkpointing=opts.gradient_checkpointing,
+        compile_train=opts.compile_train,
         max_new_tokens=a.MAX_NEW,
     )
-    res: dict[str, Any] = {"loss_code": "arbiter.trainer.update.train_on_batch"}
+    res: dict[str, Any] = {
+        "loss_code": "arbiter.trainer.update.train_on_batch",
+        "compile_train": opts.compile_train and dev == "cuda",
+    }
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     model.train()
@@ -189,6 +193,7 @@ def _grpo_steps(
                 "tokens": int(mask.sum()),
                 "decode_steps": int(ids.shape[1]),
                 "seq_tokens": int(roll.input_ids.numel()),
+                "real_tokens": int(roll.attention_mask.sum()),
             }
         )
         print("step", rows[-1], flush=True)
@@ -266,6 +271,12 @@ def main(argv: list[str] | None = None) -> None:
         dest="compile_sampler",
         action="store_false",
         help="GRPO steps with the graphed sampler only (default: compiled on GPU)",
+    )
+    p.add_argument(
+        "--no-compile-train",
+        dest="compile_train",
+        action="store_false",
+        help="GRPO steps with the eager training forward (default: compile_train on GPU)",
     )
     p.add_argument(
         "--free-sampler-cache",
