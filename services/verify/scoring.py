@@ -1,8 +1,9 @@
 """The verify service's work: ``math_accuracy`` and ``format`` over component requests.
 
 Importable without FastAPI. ``Verifier`` is built once at start-up (it owns the worker
-pool). Extraction and the numeric fast path run here, in the service process (linear-time
-scans, bounded number sizes); everything that needs math-verify goes to the pool.
+pool). The math rule runs in the pool's workers, every response of it (extraction, the
+numeric fast path, math-verify for the rest: worker.py); this process only reads each
+group's reference, queues the responses and assembles the answer.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import gc
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 from prometheus_client import Counter
 
@@ -25,20 +25,11 @@ from arbiter.proto.components import (
 )
 from arbiter.proto.errors import ItemError
 from arbiter.proto.verify import FormatRequest, MathRequest
-from arbiter.services.verify.extract import (
-    INFO_CHARS,
-    Extraction,
-    Number,
-    extract_answer,
-    long_integer,
-    numbers_equal,
-    reference_value,
-    to_number,
-)
+from arbiter.services.verify.extract import reference_value
 from arbiter.services.verify.formatting import format_score
 from arbiter.services.verify.pool import WorkerPool
 from arbiter.services.verify.settings import VerifySettings
-from arbiter.services.verify.worker import CORRECT, WRONG, Item, score_item
+from arbiter.services.verify.worker import Item, Scored, score_response
 
 log = logging.getLogger("arbiter.verify")
 
@@ -48,14 +39,18 @@ ITEMS = Counter(
 ITEM_ERRORS = Counter("verify_item_errors_total", "Null scores, by error kind.", ["kind"])
 PATHS = Counter(
     "verify_math_path_total",
-    "How math items were decided: fast_path (numbers, in-process), pool (math-verify), "
-    "no_answer, conflict.",
+    "How math items were decided: fast_path (plain numbers, without math-verify), "
+    "math_verify, no_answer, conflict, no_reference, failed (the worker died or overran the "
+    "deadline).",
     ["path"],
 )
 
 # The labelled children, looked up once: ``labels()`` costs more than the fast path's
 # comparison itself, and it ran several times per item.
-_PATH = {p: PATHS.labels(p) for p in ("fast_path", "pool", "no_answer", "conflict")}
+_PATH = {
+    p: PATHS.labels(p)
+    for p in ("fast_path", "math_verify", "no_answer", "conflict", "no_reference", "failed")
+}
 _MATH_OUTCOME = {o: ITEMS.labels("math_accuracy", o) for o in ("correct", "wrong", "null")}
 _FORMAT_OUTCOME = {o: ITEMS.labels("format", o) for o in ("correct", "wrong", "null")}
 
@@ -64,39 +59,18 @@ _REQUEST_SLACK_S = 30.0
 
 
 NO_REFERENCE = ItemResult(None, "invalid_reference", "no reference value given")
-POOL_LATE = ItemResult(None, "timeout", "not scored in time: the pool is overloaded or down")
-
-
-@dataclass
-class _Slot:
-    """One response's result while a request is being assembled."""
-
-    result: ItemResult = NO_REFERENCE
-    pending: int = -1  # index into the request's pool futures, or -1
+_NO_REFERENCE: Scored = (NO_REFERENCE, "no_reference", None)
+POOL_LATE: Scored = (
+    ItemResult(None, "timeout", "not scored in time: the pool is overloaded or down"),
+    "failed",
+    None,
+)
 
 
 def _outcome(score: float | None) -> str:
     if score is None:
         return "null"
     return "correct" if score == 1.0 else "wrong"
-
-
-def plan_item(
-    response: str, gold: str, g_num: Number | None, rel_tol: float, fast: bool
-) -> tuple[Extraction, str, float | Item]:
-    """Extract the response's answer; decide it here (a score) or hand it on (a pool item).
-    The middle value is how (a ``verify_math_path_total`` label)."""
-    ex = extract_answer(response)
-    if ex.status != "ok":
-        return ex, "conflict" if ex.status == "conflict" else "no_answer", 0.0
-    p_num = to_number(ex.text) if fast and g_num is not None else None
-    if g_num is not None and p_num is not None:
-        return ex, "fast_path", 1.0 if numbers_equal(g_num, p_num, rel_tol) else 0.0
-    if fast and g_num is not None and g_num.value.denominator == 1 and not g_num.percent:
-        digits = long_integer(ex.text)  # integers compare exactly, whatever their length
-        if digits is not None:
-            return ex, "fast_path", 1.0 if digits == str(g_num.value.numerator) else 0.0
-    return ex, "pool", (gold, ex.text, rel_tol, not fast)
 
 
 def score_math_direct(
@@ -110,15 +84,7 @@ def score_math_direct(
     gold = reference_value(reference)
     if gold is None:
         return NO_REFERENCE
-    g_num = to_number(gold)
-    if g_num is None:
-        check = score_item(gold, gold, rel_tol, timeout_s, True)
-        if check.score is None:
-            return check
-    _, _, decided = plan_item(response, gold, g_num, rel_tol, True)
-    if isinstance(decided, float):
-        return ItemResult(decided)
-    return score_item(*decided[:3], timeout_s, decided[3])
+    return score_response(response, gold, rel_tol, timeout_s)[0]
 
 
 class Verifier:
@@ -158,93 +124,66 @@ class Verifier:
                 param="groups",
                 code="too_many_items",
             )
-        rel_tol = req.params.rel_tolerance
-        fast = self.settings.fast_path
+        rel_tol, fast = req.params.rel_tolerance, self.settings.fast_path
         items: list[Item] = []
+        golds = [reference_value(group.reference) for group in req.groups]
+        for group, gold in zip(req.groups, golds, strict=True):
+            if gold is not None:  # else every response: NO_REFERENCE
+                items.extend((response, gold, rel_tol, fast) for response in group.responses)
+
+        results = iter(await self._run(items))
         # Counted per request, not per item: a metric's inc costs as much as the fast path.
         paths: collections.Counter[str] = collections.Counter()
-        outcomes: collections.Counter[str] = collections.Counter()
-        groups: list[tuple[list[_Slot], int, list[str | None], list[int]]] = []
-        for group in req.groups:
-            gold = reference_value(group.reference)
-            slots = [_Slot() for _ in group.responses]
-            answers: list[str | None] = [None] * len(slots)
-            conflicts: list[int] = []
-            ref_check = -1
-            if gold is None:  # every slot keeps NO_REFERENCE
-                groups.append((slots, ref_check, answers, conflicts))
-                continue
-            g_num = to_number(gold)
-            if g_num is None:  # only math-verify can tell whether this reference parses
-                ref_check = len(items)
-                items.append((gold, gold, rel_tol, True))
-            for i, response in enumerate(group.responses):
-                ex, path, decided = plan_item(response, gold, g_num, rel_tol, fast)
-                paths[path] += 1
-                slot = slots[i]
-                if ex.status == "conflict":
-                    conflicts.append(i)
-                if ex.status == "ok":
-                    answers[i] = ex.text.strip()[:INFO_CHARS]
-                if isinstance(decided, float):
-                    slot.result = CORRECT if decided == 1.0 else WRONG
-                    continue
-                slot.pending = len(items)
-                items.append(decided)
-            groups.append((slots, ref_check, answers, conflicts))
-
-        results = await self._run(items)
+        outcomes: collections.Counter[float | None] = collections.Counter()
         out: list[ComponentGroupResult] = []
-        for group, (slots, ref_check, answers, conflicts) in zip(req.groups, groups, strict=True):
-            ref_error = None
-            if ref_check >= 0 and results[ref_check].score is None:
-                ref_error = results[ref_check]
+        for group, gold in zip(req.groups, golds, strict=True):
             scores: list[float | None] = []
             errors: list[ItemError] = []
-            for i, slot in enumerate(slots):
-                result = slot.result
-                if ref_error is not None:
-                    result = ref_error
-                elif slot.pending >= 0:
-                    result = results[slot.pending]
-                error = result.error(i)
-                if error is not None:
+            answers: list[str | None] = []
+            conflicts: list[int] = []
+            for i in range(len(group.responses)):
+                result, path, answer = _NO_REFERENCE if gold is None else next(results)
+                paths[path] += 1
+                answers.append(answer)
+                score = result.score
+                scores.append(score)
+                outcomes[score] += 1
+                if score is None and (error := result.error(i)) is not None:
                     errors.append(error)
-                    ITEM_ERRORS.labels(error.kind).inc()
-                scores.append(result.score)
-                outcomes[_outcome(result.score)] += 1
+                if path == "conflict":
+                    conflicts.append(i)
             info: dict[str, object] = {"answers": answers}
             if conflicts:
                 info["conflicts"] = conflicts
             out.append(ComponentGroupResult(id=group.id, scores=scores, errors=errors, info=info))
-        for path, n in paths.items():
-            _PATH[path].inc(n)
-        for outcome, n in outcomes.items():
-            _MATH_OUTCOME[outcome].inc(n)
+        for path, k in paths.items():
+            _PATH[path].inc(k)
+        for error in (e for g in out for e in g.errors):
+            ITEM_ERRORS.labels(error.kind).inc()
+        for score, k in outcomes.items():
+            _MATH_OUTCOME[_outcome(score)].inc(k)
         return ComponentResponse(
             component="math_accuracy",
             groups=out,
             usage=ComponentUsage(items=n_items, elapsed_ms=(time.perf_counter() - start) * 1e3),
         )
 
-    async def _run(self, items: list[Item]) -> list[ItemResult]:
+    async def _run(self, items: list[Item]) -> list[Scored]:
         """Score items in the pool; never waits past a bound, whatever the pool does."""
         if not items:
             return []
         ticket = self.pool.submit(items)
-        futures = ticket.futures
         waves = math.ceil((len(items) + self.pool.queued) / max(1, self.pool.size))
         bound = waves * self.settings.deadline_s * 2 + _REQUEST_SLACK_S
         try:
-            _, pending = await asyncio.wait(futures, timeout=bound)
+            await asyncio.wait({ticket.done}, timeout=bound)
         except asyncio.CancelledError:  # the client left: its items leave the pool
             self.pool.cancel(ticket)
             raise
-        if pending:
+        if not ticket.done.done():
             self.pool.cancel(ticket)
-        if pending:
-            log.error("%d math items still queued after %.0f s", len(pending), bound)
-        return [f.result() if f.done() and not f.cancelled() else POOL_LATE for f in futures]
+            log.error("%d math items still queued after %.0f s", ticket.left, bound)
+        return [POOL_LATE if r is None else r for r in ticket.results]
 
     # ------------------------------------------------------------------ format
 

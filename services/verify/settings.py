@@ -34,7 +34,7 @@ class VerifySettings(ServiceSettings):
         description="Most responses in one request (all groups); past it: 413 too_many_items.",
     )
     max_chunk: int = Field(
-        default=32, ge=1, le=1024, description="Most items sent to a worker in one message."
+        default=128, ge=1, le=1024, description="Most items sent to a worker in one message."
     )
     start_method: Literal["forkserver", "spawn"] = Field(
         default="forkserver", description="How pool workers start."

@@ -1,13 +1,22 @@
-"""What runs inside a pool worker process: math-verify with its own timeouts on.
+"""What runs inside a pool worker process: the whole ``math_accuracy`` rule for one response.
 
-A worker receives a chunk of items ``(gold, pred, rel_tolerance)`` over its socket, scores
-them one by one and sends back their results and times: one message at the end, plus one
-at each "flush point" the parent marks (where the next request's items start, so that one
-request's results never wait on another's item, nor die with a worker killed for it).
-Before each item it writes ``(start time, item index)`` into a shared array, so the
-parent can tell which item overran its wall-clock deadline without a message per item;
-and it reads the array's "yield" flag: when the parent has raised it (other requests wait,
-or this chunk's request was cancelled) it stops there and sends the results it has.
+An item is ``(response, gold, rel_tolerance, fast)``: the worker extracts the response's
+answer, decides plain numbers itself (the fast path: exact rationals, no math-verify) and
+hands the rest to math-verify with its own timeouts on (``signal.alarm``: this process's
+main thread). All of it runs here, not in the service's event loop, so a request's items
+spread over every worker and core whatever connection it came on: on two cores the rule
+measured 13 µs per GSM8K response, 3× the rest of the service's work per item (JSON,
+validation, queueing), and done in the event loop it held the service to one core.
+
+A worker receives chunks of items over its socket (the next one usually waits there while
+it runs the current one), scores them one by one and sends back their results and times:
+one message at the end of a chunk, plus one at each "flush point" the parent marks (where
+the next request's items start, so that one request's results never wait on another's
+item, nor die with a worker killed for it). It writes the id of the chunk it runs and,
+before each item, ``(start time, item index)`` into a shared array, so the parent can tell
+which item overran its wall-clock deadline without a message per item; and it reads the
+array's "yield" mark: when the parent has raised it to this chunk's id (other requests
+wait, or a request in the chunk was cancelled) it stops there and sends what it has.
 
 This module is preloaded in the forkserver, and so is ``warm_up`` (which scores a few
 items there once), so math-verify and sympy are imported and their lazy parts built once:
@@ -30,12 +39,25 @@ from math_verify import parse, verify
 from math_verify.errors import TimeoutException
 
 from arbiter.errors import ItemResult
-from arbiter.services.verify.extract import latex_wrap, looks_like_text, numbers_equal, to_number
+from arbiter.services.verify.extract import (
+    INFO_CHARS,
+    Number,
+    extract_answer,
+    latex_wrap,
+    long_integer,
+    looks_like_text,
+    numbers_equal,
+    to_number,
+)
 
 CORRECT, WRONG = ItemResult(1.0), ItemResult(0.0)
-Item = tuple[str, str, float, bool]  # gold, pred, rel_tolerance, always_mv
-# The shared array's slots: the running item's index, its start time, the yield flag.
-RUNNING, STARTED, YIELD = 0, 1, 2
+Item = tuple[str, str, float, bool]  # response, gold (the reference's value), rel_tol, fast
+# Per item: the result, how it was decided (a ``verify_math_path_total`` label: fast_path,
+# math_verify, no_answer, conflict, failed) and the extracted answer, if any.
+Scored = tuple[ItemResult, str, str | None]
+# The shared array's slots: the running item's index, its start time, "stop every chunk
+# with an id up to this one after its current item", and the id of the chunk being run.
+RUNNING, STARTED, YIELD, CHUNK = 0, 1, 2, 3
 
 # math-verify logs a warning for every timeout; we report them as results instead.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -108,12 +130,10 @@ def score_item(
     )
     if num_equal and not always_mv:
         return CORRECT
+    if g_num is None and (error := _gold_error(gold, timeout_s)) is not None:
+        return error
     try:
         gold_parsed = _parse_gold(gold, timeout_s)
-        if g_num is None and (not gold_parsed or looks_like_text(gold)):
-            return ItemResult(
-                None, "invalid_reference", f"reference {gold[:64]!r} is not a math value"
-            )
         pred_parsed = _parse(pred, timeout_s, gold=False) if gold_parsed else []
         mv_equal = bool(pred_parsed) and _mv_equal(gold_parsed, pred_parsed, timeout_s)
         return CORRECT if mv_equal or num_equal else WRONG
@@ -123,6 +143,56 @@ def score_item(
         return ItemResult(None, "timeout", f"{exc} (limit {timeout_s}s per step)")
     except RecursionError:
         return ItemResult(None, "internal", "expression too deeply nested")
+
+
+@lru_cache(maxsize=4096)
+def _gold_number(gold: str) -> Number | None:
+    return to_number(gold)
+
+
+def _gold_error(gold: str, timeout_s: int) -> ItemResult | None:
+    """The null result every response gets when the reference's value is not math (or
+    math-verify timed out reading it); ``None`` when it is fine."""
+    if _gold_number(gold) is not None:
+        return None
+    try:
+        parsed = _parse_gold(gold, timeout_s)
+    except _ItemTimeout as exc:
+        return ItemResult(None, "timeout", f"{exc} (limit {timeout_s}s per step)")
+    if parsed and not looks_like_text(gold):
+        return None
+    return ItemResult(None, "invalid_reference", f"reference {gold[:64]!r} is not a math value")
+
+
+def _fast(gold: str, pred: str, rel_tolerance: float) -> ItemResult | None:
+    """Plain numbers on both sides, compared as exact rationals; ``None``: not that case."""
+    g_num = _gold_number(gold)
+    if g_num is None:
+        return None
+    p_num = to_number(pred)
+    if p_num is not None:
+        return CORRECT if numbers_equal(g_num, p_num, rel_tolerance) else WRONG
+    if g_num.value.denominator == 1 and not g_num.percent:
+        digits = long_integer(pred)  # integers compare exactly, whatever their length
+        if digits is not None:
+            return CORRECT if digits == str(g_num.value.numerator) else WRONG
+    return None
+
+
+def score_response(
+    response: str, gold: str, rel_tolerance: float, timeout_s: int, fast: bool = True
+) -> Scored:
+    """The rule for one response against the reference's value ``gold``; with ``fast`` off
+    every extracted answer goes through math-verify."""
+    ex = extract_answer(response)
+    if ex.status != "ok":
+        path = "conflict" if ex.status == "conflict" else "no_answer"
+        return _gold_error(gold, timeout_s) or WRONG, path, None
+    answer = ex.text.strip()[:INFO_CHARS]
+    decided = _fast(gold, ex.text, rel_tolerance) if fast else None
+    if decided is not None:
+        return decided, "fast_path", answer
+    return score_item(gold, ex.text, rel_tolerance, timeout_s, not fast), "math_verify", answer
 
 
 def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
@@ -140,11 +210,13 @@ def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
         if msg is None:
             return
         chunk_id, items, flush_at = msg
+        shared[RUNNING] = -1.0  # not started: the parent times it from the previous end
+        shared[CHUNK] = float(chunk_id)
         first = 0  # index of the first result not sent yet
-        results: list[ItemResult] = []
+        results: list[Scored] = []
         seconds: list[float] = []  # each item's time, for the pool's fair share
-        for i, (gold, pred, rel_tol, always_mv) in enumerate(items):
-            if i and shared[YIELD]:  # hand the rest back (see pool.py)
+        for i, (response, gold, rel_tol, fast) in enumerate(items):
+            if shared[YIELD] >= chunk_id:  # hand the rest back (see pool.py)
                 break
             if i in flush_at and results:  # another request's items start: send these
                 conn.send((chunk_id, first, results, seconds, False))
@@ -153,9 +225,9 @@ def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
             shared[STARTED] = started  # start time first, then the index
             shared[RUNNING] = float(i)
             try:
-                results.append(score_item(gold, pred, rel_tol, timeout_s, always_mv))
+                results.append(score_response(response, gold, rel_tol, timeout_s, fast))
             except Exception as exc:  # never let one item take the worker down
-                results.append(ItemResult.failed(exc))
+                results.append((ItemResult.failed(exc), "failed", None))
             seconds.append(time.monotonic() - started)
         shared[STARTED] = time.monotonic()  # "sending": index past the end
         shared[RUNNING] = float(len(items))
@@ -172,3 +244,4 @@ def warm_up() -> None:
 def _warm_up() -> None:
     for gold, pred in (("5", "\\sqrt{25}"), ("x+1", "1+x"), ("\\frac{1}{2}", "0.5"), ("3", "3!")):
         score_item(gold, pred, 1e-6, 5, True)
+        score_response(f"<answer>{pred}</answer>", gold, 1e-6, 5)

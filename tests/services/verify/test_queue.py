@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+from arbiter.errors import ItemResult
 from arbiter.services.verify.queue import MIN_SHARE, FairQueue, Job
 
 
 def _items(tag: str, n: int) -> list[tuple[str, str, float, bool]]:
-    return [("1", f"{tag}{i}", 1e-6, False) for i in range(n)]
+    return [(f"{tag}{i}", "1", 1e-6, True) for i in range(n)]  # response, gold, tol, fast
 
 
 def _tags(chunk: list[Job]) -> str:
-    return "".join(job.item[1][0] for job in chunk)
+    return "".join(job.item[0][0] for job in chunk)
 
 
 async def test_new_request_leads_the_next_chunk() -> None:
@@ -41,10 +42,22 @@ async def test_requeue_keeps_order_and_cancel_drops() -> None:
     chunk = q.take(10)
     q.requeue(chunk[4:])  # handed back after 4
     again = q.take(10)
-    assert [j.item[1] for j in again] == [f"a{i}" for i in range(4, 10)]
+    assert [j.item[0] for j in again] == [f"a{i}" for i in range(4, 10)]
     b = q.submit(_items("b", 5))
     q.cancel(b)
-    assert q.queued == 0 and all(f.cancelled() for f in b.futures)
+    assert q.queued == 0 and b.cancelled and b.done.cancelled()
     q.requeue(again)
     q.cancel(a)
     assert q.take(10) == [] and q.queued == 0
+
+
+async def test_one_future_per_request_resolves_with_the_last_result() -> None:
+    q = FairQueue()
+    t = q.submit(_items("a", 3))
+    for job in q.take(3):
+        assert not t.done.done()
+        t.answer(job.pos, (ItemResult(1.0), "fast_path", None))
+    assert t.done.done() and t.left == 0
+    t.answer(0, (ItemResult(0.0), "fast_path", None))  # a late duplicate does not count
+    assert [r[0].score for r in t.results if r] == [1.0, 1.0, 1.0]
+    assert q.submit([]).done.done()  # nothing to wait for

@@ -1,0 +1,91 @@
+"""The worker pool in-process, with real worker processes: two chunks in flight per worker.
+
+A worker is sent its next chunk while it runs the current one; these tests check that
+nothing is lost or blamed wrongly when the worker is killed with both in its socket: the
+deadline of an item in the second chunk runs from when it starts, and a worker killed from
+outside answers only its running item and gives the rest back to the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+from arbiter.services.verify.pool import DEPTH, WorkerPool
+from arbiter.services.verify.queue import MIN_SHARE
+from arbiter.services.verify.worker import Item
+
+STUCK = "\\boxed{7^{123456789}}"  # math-verify evaluates it: holds a worker until killed
+DEADLINE_S = 1.5
+
+
+def _quick(n: int) -> list[Item]:
+    return [(f"<answer>{i}</answer>", str(i), 1e-6, False) for i in range(n)]
+
+
+@pytest.fixture
+async def pool() -> AsyncIterator[WorkerPool]:
+    # One worker, chunks of 8 (the queue's smallest share), math-verify's own timeout far
+    # above the deadline: the wall-clock kill is what answers a stuck item.
+    p = WorkerPool(size=1, deadline_s=DEADLINE_S, mv_timeout_s=60, max_chunk=MIN_SHARE)
+    await p.start()
+    yield p
+    await p.close()
+
+
+async def test_next_chunk_is_sent_while_one_runs(pool: WorkerPool) -> None:
+    n = (DEPTH + 2) * MIN_SHARE
+    ticket = pool.submit(_quick(n))
+    worker = pool._workers[0]
+    assert worker is not None and len(worker.inflight) == DEPTH and pool.queued == 2 * MIN_SHARE
+    await asyncio.wait_for(ticket.done, 30)
+    assert [r[0].score for r in ticket.results if r] == [1.0] * n
+
+
+async def test_deadline_of_an_item_in_the_second_chunk_runs_from_its_start(
+    pool: WorkerPool,
+) -> None:
+    n, stuck = 3 * MIN_SHARE, MIN_SHARE + 1  # the second chunk's second item
+    items = _quick(n)
+    items[stuck] = (STUCK, "5", 1e-6, False)
+    start = time.monotonic()
+    ticket = pool.submit(items)
+    await asyncio.wait_for(ticket.done, 30)
+    took = time.monotonic() - start
+    results = [r for r in ticket.results if r is not None]
+    assert len(results) == n
+    assert results[stuck][0].score is None and results[stuck][0].kind == "timeout"
+    assert [r[0].score for i, r in enumerate(results) if i != stuck] == [1.0] * (n - 1)
+    assert pool.restarts == 1
+    assert DEADLINE_S <= took < DEADLINE_S + 10
+
+
+async def test_worker_killed_with_two_chunks_in_flight_loses_nothing(pool: WorkerPool) -> None:
+    items = [(STUCK, "5", 1e-6, False), *_quick(2 * MIN_SHARE - 1)]
+    ticket = pool.submit(items)
+    worker = pool._workers[0]
+    assert worker is not None and len(worker.inflight) == 2
+    await asyncio.sleep(0.3)  # the stuck item is running
+    worker.proc.kill()
+    await asyncio.wait_for(ticket.done, 30)
+    results = [r for r in ticket.results if r is not None]
+    assert len(results) == 2 * MIN_SHARE
+    assert results[0][0].kind == "internal" and "died" in results[0][0].message
+    assert [r[0].score for r in results[1:]] == [1.0] * (2 * MIN_SHARE - 1)  # given back
+    assert pool.restarts == 1
+
+
+async def test_cancel_stops_the_chunk_sent_behind(pool: WorkerPool) -> None:
+    # A holds the worker with a stuck item; B's items wait in the chunk sent behind it.
+    a = pool.submit([(STUCK, "5", 1e-6, False), *_quick(MIN_SHARE - 1)])
+    b = pool.submit(_quick(MIN_SHARE))
+    worker = pool._workers[0]
+    assert worker is not None and len(worker.inflight) == 2
+    pool.cancel(b)
+    pool.cancel(a)
+    assert pool.queued == 0 and a.cancelled and b.cancelled
+    await asyncio.sleep(DEADLINE_S + 3)  # the stuck item meets its deadline; nothing else runs
+    assert not any(b.results) and pool.alive == 1
