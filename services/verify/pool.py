@@ -10,11 +10,10 @@ into a shared array, so the slot knows the running item's deadline without a mes
 item. Past it, the slot kills the worker, answers that item ``timeout``, puts the rest of
 its chunks back in the queue and starts a replacement; the other workers keep serving.
 
-Transport: uvloop makes the parent's end of each socket non-blocking, so a blocking
-``Connection.send`` of a large chunk would raise ``BlockingIOError`` half-way. The parent
-writes and reads with asyncio streams in ``multiprocessing.Connection``'s framing, and the
-worker keeps its blocking ``recv``/``send``. A big item costs the time to copy it and at
-most its deadline; it never looks like a dead worker.
+Transport: uvloop makes the parent's socket ends non-blocking (a blocking ``send`` of a big
+chunk would raise ``BlockingIOError`` half-way), so the parent uses asyncio streams in
+``multiprocessing.Connection``'s framing and the worker its blocking ``recv``/``send``: a
+big item costs the time to copy it and at most its deadline, never a worker restart.
 
 Fairness (``queue.FairQueue``): every ``submit`` is a request with its own queue, charged
 with the worker time its items took (a killed item: its deadline). A chunk takes a share
@@ -28,7 +27,7 @@ and marks the chunks holding its items; a running item is left to finish or to i
 deadline (killing it would cost a respawn for at most one item's time).
 
 Workers start from a forkserver with math-verify preloaded (a replacement is ready in
-milliseconds), or with ``spawn``.
+milliseconds), or with ``spawn``, at a lower priority than the event loop (``nice``).
 """
 
 from __future__ import annotations
@@ -129,12 +128,14 @@ class WorkerPool:
         max_chunk: int = 32,
         start_method: str = "forkserver",
         yield_after_s: float = 0.05,
+        nice: int = 0,
     ) -> None:
         self.size = size
         self.deadline_s = deadline_s
         self.mv_timeout_s = mv_timeout_s
         self.max_chunk = max_chunk
         self.yield_after_s = yield_after_s
+        self.nice = nice
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             self._ctx.set_forkserver_preload(["arbiter.services.verify.warmup"])
@@ -184,7 +185,7 @@ class WorkerPool:
         child_conn = Connection(child_sock.detach())
         proc = self._ctx.Process(  # type: ignore[attr-defined]
             target=worker_main,
-            args=(child_conn, shared, self.mv_timeout_s),
+            args=(child_conn, shared, self.mv_timeout_s, self.nice),
             daemon=True,
             name="verify-worker",
         )
@@ -331,7 +332,8 @@ class WorkerPool:
         if left <= 0 and same and not w.getter.done():
             index = max(index, head.answered)
             ITEMS_RUN.inc(min(index + 1, len(head.jobs)) - head.answered)  # stuck, lost
-            self._fail(w, "timeout", self._timeout_message(), index)
+            message = f"no answer within the {self.deadline_s:g} s deadline; worker replaced"
+            self._fail(w, "timeout", message, index)
             await self._replace(slot, "deadline")
             self._fill()
             return
@@ -381,9 +383,6 @@ class WorkerPool:
             YIELDS.inc()
             self._queue.requeue(head.jobs[head.answered :])
         self._fill()
-
-    def _timeout_message(self) -> str:
-        return f"no answer within the {self.deadline_s:g} s deadline; worker replaced"
 
     def _fail(self, w: _Worker, kind: ErrorKind, message: str, index: int) -> None:
         """The worker is lost: answer the head chunk's item at ``index`` (if any) with an

@@ -96,6 +96,7 @@ class Verifier:
             mv_timeout_s=settings.mv_timeout,
             max_chunk=settings.max_chunk,
             start_method=settings.start_method,
+            nice=settings.worker_nice,
         )
 
     async def start(self) -> None:

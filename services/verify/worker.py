@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import signal
 import time
 from functools import lru_cache
@@ -195,12 +196,13 @@ def score_response(
     return score_item(gold, ex.text, rel_tolerance, timeout_s, not fast), "math_verify", answer
 
 
-def worker_main(conn: Connection, shared: Any, timeout_s: int) -> None:
+def worker_main(conn: Connection, shared: Any, timeout_s: int, nice: int = 0) -> None:
     """Serve chunks until the socket closes or ``None`` arrives."""
     # The parent coordinates shutdown: ignore Ctrl-C's SIGINT, die on SIGTERM.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     gc.freeze()  # the preloaded sympy/math-verify heap: out of every full collection's walk
+    os.nice(nice)  # below the event loop, which admits requests and delivers results
     conn.send(("ready", None))
     while True:
         try:

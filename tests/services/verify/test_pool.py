@@ -9,6 +9,7 @@ outside answers only its running item and gives the rest back to the queue.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator
 
@@ -89,3 +90,15 @@ async def test_cancel_stops_the_chunk_sent_behind(pool: WorkerPool) -> None:
     assert pool.queued == 0 and a.cancelled and b.cancelled
     await asyncio.sleep(DEADLINE_S + 3)  # the stuck item meets its deadline; nothing else runs
     assert not any(b.results) and pool.alive == 1
+
+
+async def test_workers_run_below_the_event_loop() -> None:
+    p = WorkerPool(size=1, deadline_s=DEADLINE_S, mv_timeout_s=5, nice=7)
+    await p.start()
+    try:
+        worker = p._workers[0]
+        assert worker is not None and worker.proc.pid is not None
+        mine = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, worker.proc.pid) == min(19, mine + 7)
+    finally:
+        await p.close()
