@@ -1,6 +1,7 @@
 """A functional forward of Qwen2/Qwen3/Llama/Mistral-shaped decoders over a static KV cache.
 
-Used by ``trainer.generation.Sampler``: it reuses the model's own modules (norms,
+Used by ``trainer.generation.Sampler`` (``prefill`` for the prompts, ``forward`` for both
+the prompts and each decode step): it reuses the model's own modules (norms,
 projections, MLP, embeddings, rotary tables) and reads the live parameters, so optimizer
 updates are seen by captured CUDA graphs without re-capture. Numerics follow HF's eager
 attention (scores in the model dtype, softmax in float32).
@@ -110,3 +111,54 @@ def forward(
         x = x[:, -1:]
     x = inner.norm(x)
     return model.lm_head(x)[:, -1].float()
+
+
+def prefill(
+    model: Any,
+    rope: tuple[torch.Tensor, torch.Tensor],
+    k_cache: list[torch.Tensor],  # per layer (B, KVH, C, D)
+    v_cache: list[torch.Tensor],
+    prompt_ids: torch.Tensor,  # (B, P) left-padded
+    prompt_mask: torch.Tensor,  # (B, P) bool
+    *,
+    share: bool,
+    tokens_per_forward: int,
+) -> torch.Tensor:
+    """Prompt K/V into slots [0, P) of every row's cache; logits (B, V) float32 of each row's
+    last prompt position. Rows go in chunks of about ``tokens_per_forward`` prompt tokens (the
+    MLP's activations of the whole batch's prompts would sit on top of the full cache). With
+    ``share`` each distinct prompt (its real tokens at their places) runs once and its K/V and
+    logits are copied to its duplicates (GRPO's G copies of a prompt)."""
+    b, p = prompt_ids.shape
+    dev = prompt_ids.device
+    pos = (prompt_mask.long().cumsum(-1) - 1).clamp_(min=0)
+    inverse = None
+    if share and b > 1:
+        key = prompt_ids.masked_fill(~prompt_mask, -1)
+        uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+        if uniq.shape[0] < b:
+            first = torch.full((uniq.shape[0],), b, device=dev, dtype=torch.long)
+            first.scatter_reduce_(0, inverse, torch.arange(b, device=dev), "amin")
+            prompt_ids, prompt_mask, pos = prompt_ids[first], prompt_mask[first], pos[first]
+        else:
+            inverse = None
+    u = prompt_ids.shape[0]
+    causal = torch.ones(p, p, device=dev, dtype=torch.bool).tril_()
+    mask = causal[None] & prompt_mask[:, None, :]
+
+    def write_prefix(cache: torch.Tensor, new: torch.Tensor) -> None:
+        cache[:, :, :p].copy_(new.to(cache.dtype))
+
+    step = max(1, tokens_per_forward // max(p, 1))
+    parts = []
+    for r in range(0, u, step):
+        sl = slice(r, min(r + step, u))
+        kc, vc = [k[sl] for k in k_cache], [v[sl] for v in v_cache]  # row views
+        parts.append(forward(model, prompt_ids[sl], pos[sl], rope, kc, vc, mask[sl],
+                             write_prefix, last_only=True))  # fmt: skip
+    logits = torch.cat(parts)
+    if inverse is None:
+        return logits
+    for cache in (*k_cache, *v_cache):  # rows [0, u) hold the distinct prompts
+        cache[:, :, :p] = cache[:u, :, :p].index_select(0, inverse)
+    return logits.index_select(0, inverse)

@@ -27,11 +27,12 @@ window; anything else falls back to plain ``model.generate``): the decoder is ru
 functional forward that reuses the model's own modules (norms, projections, MLP, embeddings,
 rotary tables) over a static KV cache ``(B, kv_heads, C, head_dim)`` per layer, with the
 capacity C rounded up so batches of similar length share one cache. Prompts are prefilled
-eagerly (whole rows, about 8k prompt tokens per forward, so the prefill's activations stay
-small beside the cache); each decode step (forward, sampling, EOS bookkeeping) is one
-CUDA-graph replay over static buffers, and the host checks "all rows done" only every few
-steps. Weights are read from the live parameters, so optimizer updates between calls are seen
-without re-capture.
+eagerly, each distinct prompt once (whole rows, about 8k prompt tokens per forward, so the
+prefill's activations stay small beside the cache); each decode step (forward, sampling, EOS
+bookkeeping) is one CUDA-graph replay over static buffers, attending only to the cache's
+filled slots rounded up to 64 (one graph per such length), and the host checks "all rows
+done" only every few steps. Weights are read from the live parameters, so optimizer updates
+between calls are seen without re-capture.
 On CPU the same code runs eagerly (that is what the CPU tests exercise).
 """
 
@@ -48,9 +49,9 @@ import torch
 from arbiter.trainer import decoder
 from arbiter.trainer.sampling import (
     SamplingParams,
-    _choose,
-    _seeded,
+    choose,
     completion_mask_from_ids,
+    plain_generate,
     sampling_probs,
 )
 
@@ -58,7 +59,7 @@ __all__ = ["Sampler", "SamplingParams", "completion_mask_from_ids", "sample", "s
 
 log = logging.getLogger(__name__)
 
-_CAPACITY_ROUND = 64  # KV-cache capacity is rounded up to this many slots
+_CAPACITY_ROUND = 64  # KV-cache capacity, and the attended length, are rounded up to this
 _MAX_BUCKETS = 4  # cached (batch, capacity, ...) graph buckets per model
 _PREFILL_TOKENS = 8192  # prompt tokens per prefill forward (whole rows)
 
@@ -78,7 +79,7 @@ class _Bucket:
     done: torch.Tensor  # (B,) bool
     out: torch.Tensor  # (B, N) sampled ids
     noise: torch.Tensor  # (N, B) uniforms
-    graph: Any = None
+    graphs: dict[int, Any] = field(default_factory=dict)  # attended length -> decode graph
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -91,6 +92,15 @@ class Sampler:
     None = on for CUDA models, off on the CPU (where the sampler runs eagerly).
     ``keep_cache``: keep each bucket's KV cache and graph for the next call of the same
     shape; False frees them when the call returns (the memory goes back to training).
+
+    Three exact shortcuts, each on by default (off: the sampler as it was before them, kept for
+    the benchmark's before/after): ``length_buckets`` -- a decode step attends only to the
+    cache's first S slots, S the filled length rounded up to 64 (one CUDA graph per S; one
+    compilation serves them all, S being a dynamic size); ``share_prompts`` -- each distinct
+    prompt is prefilled once and its K/V copied to its duplicates (GRPO's G copies);
+    ``blocked_draw`` -- without top-p the categorical draw is ``sampling._draw``'s two-level
+    inverse CDF, compiled into the decode step, instead of a full-vocabulary softmax and
+    cumulative sum.
 
     The KV cache is sized from the batch actually sampled: its rows, and its longest prompt
     plus ``max_new_tokens`` rounded up to 64 slots. A graph is captured again whenever the
@@ -105,10 +115,16 @@ class Sampler:
         check_every: int = 8,
         compile: bool | None = None,
         keep_cache: bool = True,
+        length_buckets: bool = True,
+        share_prompts: bool = True,
+        blocked_draw: bool = True,
     ) -> None:
         self.model = model
         self.check_every = check_every
         self.keep_cache = keep_cache
+        self.length_buckets, self.share_prompts = length_buckets, share_prompts
+        self.blocked_draw = blocked_draw
+        self.blocked_draw_compiles = True  # False once compiling the draw has failed
         self.fast_reason = decoder.unsupported_reason(model)
         self.fast = self.fast_reason is None
         if not self.fast:
@@ -121,12 +137,15 @@ class Sampler:
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._pool: Any = None
         # compile=True: inductor fuses the decode forward's small kernels (norms, rotary,
-        # softmax) before the graph is captured; one compilation per bucket shape. Sampling
-        # stays eager (inductor 2.11 fails to generate code for the 32k-wide cumsum).
+        # softmax) before the graph is captured; one compilation per bucket shape. The blocked
+        # draw is compiled with it (``_decode_sample``); the full-width cumsum draw stays
+        # eager (inductor 2.11 fails to generate code for the 32k-wide cumsum).
         self.compiled = self.device.type == "cuda" if compile is None else bool(compile)
-        self._decode_forward: Any = (
-            torch.compile(self._forward, dynamic=False) if self.compiled else self._forward
-        )
+        self._decode_forward: Any = self._forward
+        self._decode_sample: Any = self._forward_sample
+        if self.compiled:
+            self._decode_forward = torch.compile(self._forward, dynamic=False)
+            self._decode_sample = torch.compile(self._forward_sample, dynamic=False)
 
     # ------------------------------------------------------------------ the decoder
     def _rope_tables(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,6 +165,17 @@ class Sampler:
         return decoder.forward(
             self.model, ids, pos, bk.extra["rope"], bk.k_cache, bk.v_cache, mask, write, last_only
         )
+
+    def _forward_sample(
+        self, bk: _Bucket, mask: torch.Tensor, write: Any, u: torch.Tensor, temperature: float
+    ) -> torch.Tensor:
+        """The decode step's forward and blocked draw (no top-p), to be compiled together."""
+        logits = self._forward(bk.tokens[:, None], bk.pos[:, None], bk, mask, write, False)
+        return choose(logits, u, temperature, 1.0, blocked=True)
+
+    def _fused(self, bk: _Bucket) -> bool:
+        """Whether the draw runs inside the (compiled) decode function."""
+        return self.blocked_draw and self.blocked_draw_compiles and bk.key[4] >= 1.0
 
     # ------------------------------------------------------------------ buffers and graphs
     def _bucket(self, b: int, c: int, n: int, temperature: float, top_p: float) -> _Bucket:
@@ -168,11 +198,19 @@ class Sampler:
         def zeros(*shape: int, dt: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(*shape, device=dev, dtype=dt)
 
+        # with length buckets the cache and mask have one slot more than is ever filled, so
+        # that an attended prefix [:S] is never the whole tensor: S then stays one dynamic
+        # size in the compiled step (S == width would be specialised and compiled again)
+        w = c + 1 if self.length_buckets else c
+
+        def cache() -> torch.Tensor:
+            return zeros(b, h_kv, w, d, dt=cache_dtype)
+
         bk = _Bucket(
             key=key,
-            k_cache=[zeros(b, h_kv, c, d, dt=cache_dtype) for _ in range(n_layers)],
-            v_cache=[zeros(b, h_kv, c, d, dt=cache_dtype) for _ in range(n_layers)],
-            valid=zeros(b, c, dt=torch.bool),
+            k_cache=[cache() for _ in range(n_layers)],
+            v_cache=[cache() for _ in range(n_layers)],
+            valid=zeros(b, w, dt=torch.bool),
             tokens=zeros(b),
             pos=zeros(b),
             slot=zeros(1),
@@ -189,19 +227,26 @@ class Sampler:
         self._buckets[key] = bk
         return bk
 
-    def _decode_step(self, bk: _Bucket) -> None:
-        """One token for every row; all state lives in ``bk`` (so it can be graph-captured)."""
+    def _decode_step(self, bk: _Bucket, s: int) -> None:
+        """One token for every row, attending to the first ``s`` cache slots; all state lives
+        in ``bk`` (so it can be graph-captured)."""
         temperature, top_p = bk.key[3], bk.key[4]
         bk.valid.index_fill_(1, bk.slot, True)
 
         def write(cache: torch.Tensor, new: torch.Tensor) -> None:
             cache.index_copy_(2, bk.slot, new.to(cache.dtype))
 
-        logits = self._decode_forward(
-            bk.tokens[:, None], bk.pos[:, None], bk, bk.valid[:, None, :], write, last_only=False
-        )
+        mask = bk.valid[:, None, :s]
+        if self.length_buckets and self.compiled:
+            torch._dynamo.maybe_mark_dynamic(mask, 2)
         u = bk.noise.index_select(0, bk.step).squeeze(0)
-        tok = _choose(logits, u, temperature, top_p)
+        if self._fused(bk):
+            tok = self._decode_sample(bk, mask, write, u, temperature)
+        else:
+            logits = self._decode_forward(
+                bk.tokens[:, None], bk.pos[:, None], bk, mask, write, last_only=False
+            )
+            tok = choose(logits, u, temperature, top_p, blocked=self.blocked_draw)
         tok = torch.where(bk.done, bk.extra["pad_t"], tok)
         bk.out.index_copy_(1, bk.step, tok[:, None])
         bk.done |= tok == bk.extra["eos_t"]
@@ -210,34 +255,40 @@ class Sampler:
         bk.slot += 1
         bk.step += 1
 
-    def _capture_or_uncompile(self, bk: _Bucket) -> None:
-        """Capture the decode step; if compiling it fails, capture the eager step instead."""
+    def _capture_or_uncompile(self, bk: _Bucket, s: int) -> None:
+        """Capture the decode step; if compiling it fails, first draw outside the compiled
+        function, then capture the eager step."""
         try:
-            self._capture(bk)
+            self._capture(bk, s)
         except Exception as e:
             if not self.compiled:
                 raise
-            log.warning("sampler: torch.compile failed (%s); capturing the eager step", e)
-            self.compiled, self._decode_forward = False, self._forward
-            self._capture(bk)
+            if self._fused(bk):
+                log.warning("sampler: compiling the draw failed (%s); drawing eagerly", e)
+                self.blocked_draw_compiles = False
+            else:
+                log.warning("sampler: torch.compile failed (%s); capturing the eager step", e)
+                self.compiled, self._decode_forward = False, self._forward
+                self._decode_sample = self._forward_sample
+            self._capture_or_uncompile(bk, s)
 
-    def _capture(self, bk: _Bucket) -> None:
+    def _capture(self, bk: _Bucket, s: int) -> None:
         saved = [x.clone() for x in (bk.valid, bk.tokens, bk.pos, bk.slot, bk.step, bk.done)]
         stream = torch.cuda.Stream(device=self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: allocator, cuBLAS handles, lazy init
-                self._decode_step(bk)
+                self._decode_step(bk, s)
         torch.cuda.current_stream(self.device).wait_stream(stream)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
-            self._decode_step(bk)
+            self._decode_step(bk, s)
         state = (bk.valid, bk.tokens, bk.pos, bk.slot, bk.step, bk.done)
         for dst, src in zip(state, saved, strict=True):
             dst.copy_(src)
-        bk.graph = graph
+        bk.graphs[s] = graph
 
     # ------------------------------------------------------------------ public call
     @torch.no_grad()
@@ -245,7 +296,7 @@ class Sampler:
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.fast:
-            return self._plain(prompt_ids, prompt_mask, params)
+            return plain_generate(self.model, prompt_ids, prompt_mask, params)
         dev_type = self.device.type
         ctx: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
         if torch.is_autocast_enabled(dev_type):
@@ -268,37 +319,29 @@ class Sampler:
         c = -(-(p + n) // _CAPACITY_ROUND) * _CAPACITY_ROUND
         temperature, top_p = float(params.temperature), float(params.top_p)
         bk = self._bucket(b, c, n, temperature, top_p)
+        # decode step i (1..n-1) writes slot p+i-1 and attends to the first `lengths[i-1]`
+        lengths = [
+            min(c, -(-(p + i) // _CAPACITY_ROUND) * _CAPACITY_ROUND) if self.length_buckets else c
+            for i in range(1, n)
+        ]
         if self.use_graphs:
             weights = tuple(p.data_ptr() for p in self.model.parameters())
-            if bk.graph is None or bk.extra.get("weights") != weights:
-                self._capture_or_uncompile(bk)
+            if bk.extra.get("weights") != weights:
+                bk.graphs.clear()
                 bk.extra["weights"] = weights
+            for s in sorted(set(lengths)):
+                if s not in bk.graphs:
+                    self._capture_or_uncompile(bk, s)
         bk.extra["eos_t"].fill_(eos)
         bk.extra["pad_t"].fill_(pad)
 
-        # prefill: prompt K/V into slots [0, P), first token from the last prompt position
-        pos = (prompt_mask.long().cumsum(-1) - 1).clamp_(min=0)
-        causal = torch.ones(p, p, device=self.device, dtype=torch.bool).tril_()
-        mask = causal[None] & prompt_mask[:, None, :]
-
-        def write_prefix(cache: torch.Tensor, new: torch.Tensor) -> None:
-            cache[:, :, :p].copy_(new.to(cache.dtype))
-
-        # in row chunks of about _PREFILL_TOKENS prompt tokens: the MLP's intermediate
-        # activations of the whole batch's prompts would sit on top of the full KV cache
-        rows = max(1, _PREFILL_TOKENS // max(p, 1))
-        parts = []
-        for r in range(0, b, rows):
-            sl = slice(r, r + rows)
-            kc, vc = [k[sl] for k in bk.k_cache], [v[sl] for v in bk.v_cache]  # row views
-            rope = bk.extra["rope"]
-            fwd = decoder.forward(self.model, prompt_ids[sl], pos[sl], rope, kc, vc, mask[sl],
-                                  write_prefix, last_only=True)  # fmt: skip
-            parts.append(fwd)
-        logits = torch.cat(parts)
+        logits = decoder.prefill(
+            self.model, bk.extra["rope"], bk.k_cache, bk.v_cache, prompt_ids, prompt_mask,
+            share=self.share_prompts, tokens_per_forward=_PREFILL_TOKENS,
+        )  # fmt: skip
         noise = torch.rand((n, b), generator=params.generator, device=self.device)
         bk.noise.copy_(noise)
-        first = _choose(logits, bk.noise[0], temperature, top_p)
+        first = choose(logits, bk.noise[0], temperature, top_p, blocked=self.blocked_draw)
         bk.valid.zero_()
         bk.valid[:, :p] = prompt_mask
         bk.out.fill_(pad)
@@ -311,10 +354,11 @@ class Sampler:
         for i in range(1, n):
             if (i - 1) % self.check_every == 0 and bool(bk.done.all()):
                 break
-            if bk.graph is not None:
-                bk.graph.replay()
+            graph = bk.graphs.get(lengths[i - 1])
+            if graph is not None:
+                graph.replay()
             else:
-                self._decode_step(bk)
+                self._decode_step(bk, lengths[i - 1])
         ids = bk.out.clone()
         if not self.keep_cache:
             self.release()
@@ -327,35 +371,6 @@ class Sampler:
         """Free every cached KV cache and graph (the next call allocates and captures anew)."""
         self._buckets.clear()
         self._pool = None
-
-    # ------------------------------------------------------------------ fallback
-    def _plain(
-        self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        model = self.model
-        eos, pad = params.eos_token_id, params.pad_token_id
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": params.max_new_tokens,
-            "eos_token_id": eos,
-            "pad_token_id": pad,
-            "top_k": None,
-        }
-        if params.temperature > 0:
-            kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None)
-        was_training = model.training
-        model.eval()
-        try:
-            with _seeded(params.generator, prompt_ids.device):
-                out = model.generate(
-                    input_ids=prompt_ids, attention_mask=prompt_mask.long(), **kwargs
-                )
-        finally:
-            model.train(was_training)
-        ids = out[:, prompt_ids.shape[1] :]
-        cmask = completion_mask_from_ids(ids, eos)
-        return ids.masked_fill(~cmask, pad), cmask
 
 
 _SAMPLERS: dict[int, Sampler] = {}

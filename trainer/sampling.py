@@ -3,10 +3,14 @@
 ``SamplingParams`` is the one object that carries the sampling settings from the training
 loop through the environment and the rollout to the sampler (as vLLM's does).
 ``sampling_probs`` is the distribution HF ``generate`` samples from (float32 logits /
-temperature, then transformers' ``TopPLogitsWarper`` rules, no top-k); ``_choose`` draws
-one token per row from it by inverse CDF with a uniform number given up front, so the draw
-can live inside a CUDA graph. Kept apart from the sampler's cache and graph machinery so
-that the distribution can be read (and tested) on its own.
+temperature, then transformers' ``TopPLogitsWarper`` rules, no top-k). ``choose`` draws one
+token per row from it by inverse CDF with a uniform number given up front, so the draw can
+live inside a CUDA graph: without top-p by ``_draw``, a two-level inverse CDF (pick a block
+of the vocabulary by its mass, then the token inside it), which reads the logits once when
+compiled; with top-p by ``_choose``, the sorted full-width cumulative sum it needs anyway.
+Kept apart from the sampler's cache and graph machinery so that the distribution can be
+read (and tested) on its own; ``plain_generate`` is the same contract through HF
+``generate``, for models the fast path does not cover.
 """
 
 from __future__ import annotations
@@ -106,3 +110,99 @@ def _seeded(generator: torch.Generator | None, device: torch.device) -> Iterator
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
+
+
+def choose(
+    logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float, blocked: bool = True
+) -> torch.Tensor:
+    """One token per row: greedy, else ``_draw`` (no top-p, ``blocked``) or ``_choose``."""
+    if temperature <= 0:
+        return logits.argmax(dim=-1)
+    if blocked and top_p >= 1.0:
+        return _draw(logits, u, temperature)
+    return _choose(logits, u, temperature, top_p)
+
+
+def block_size(vocab: int) -> int:
+    """Width of ``_draw``'s vocabulary blocks: a divisor of ``vocab`` in [512, 2048], the
+    nearest to 1024 (151,936 = 128 x 1,187), else 1,024 with a shorter last block."""
+    if vocab < 1024:
+        return vocab
+    divisors = [d for d in range(512, 2049) if vocab % d == 0]
+    return min(divisors, key=lambda d: abs(d - 1024)) if divisors else 1024
+
+
+def _first_above(cum: torch.Tensor, target: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+    """Per row, the first index whose inclusive ``cum`` exceeds ``target`` (B, 1), never past
+    the last ``positive`` entry (float rounding can leave the total at or below target)."""
+    idx = torch.arange(cum.shape[-1], device=cum.device).expand_as(cum)
+    first = (cum <= target).sum(-1, keepdim=True)
+    last = torch.where(positive, idx, 0).amax(-1, keepdim=True)
+    return torch.minimum(first, last)
+
+
+def _draw(
+    logits: torch.Tensor, u: torch.Tensor, temperature: float, block: int | None = None
+) -> torch.Tensor:
+    """Inverse-CDF draw from softmax(logits / temperature) in two levels, exact as ``_choose``.
+
+    The vocabulary is cut into blocks; each block's mass is sum(exp(x - block max)) times
+    exp(block max - row max). The uniform picks a block by the blocks' cumulative mass, then a
+    token inside it by the block's own cumulative sum: token j of block k is taken for
+    ``u * total`` in [mass before k + mass of k's tokens before j, ... + p_j), probability
+    p_j / total, as with one full-width cumulative sum. Compiled, the block masses are one
+    read of the logits; nothing vocabulary-wide is written.
+    """
+    b, v = logits.shape
+    scores = logits.float()
+    if temperature != 1.0:
+        scores = scores / temperature
+    bs = block or block_size(v)
+    full = v - v % bs
+    blocks = scores[:, :full].view(b, -1, bs)
+    bmax = blocks.amax(-1)
+    bsum = (blocks - bmax[..., None]).exp().sum(-1)
+    if full < v:
+        tail = scores[:, full:]
+        tmax = tail.amax(-1, keepdim=True)
+        bmax = torch.cat([bmax, tmax], -1)
+        bsum = torch.cat([bsum, (tail - tmax).exp().sum(-1, keepdim=True)], -1)
+    scale = (bmax - bmax.amax(-1, keepdim=True)).exp()  # (B, nb), 1 for the top block
+    mass = bsum * scale
+    cum = mass.cumsum(-1)
+    target = (u.float() * cum[:, -1]).unsqueeze(-1)
+    k = _first_above(cum, target, mass > 0)  # (B, 1) block
+    before = cum.gather(-1, k) - mass.gather(-1, k)
+    rel = ((target - before) / scale.gather(-1, k)).clamp_(min=0.0)  # in the block's units
+    cols = k * bs + torch.arange(bs, device=logits.device)  # (B, bs)
+    x = scores.gather(-1, cols.clamp(max=v - 1))
+    e = torch.where(cols < v, (x - bmax.gather(-1, k)).exp(), 0.0)
+    j = _first_above(e.cumsum(-1), rel, e > 0)
+    return (k * bs + j).squeeze(-1)
+
+
+def plain_generate(
+    model: Any, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same contract through HF ``generate`` (models the fast path does not cover)."""
+    eos, pad = params.eos_token_id, params.pad_token_id
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": params.max_new_tokens,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+        "top_k": None,
+    }
+    if params.temperature > 0:
+        kwargs.update(do_sample=True, temperature=params.temperature, top_p=params.top_p)
+    else:
+        kwargs.update(do_sample=False, temperature=None, top_p=None)
+    was_training = model.training
+    model.eval()
+    try:
+        with _seeded(params.generator, prompt_ids.device):
+            out = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask.long(), **kwargs)
+    finally:
+        model.train(was_training)
+    ids = out[:, prompt_ids.shape[1] :]
+    cmask = completion_mask_from_ids(ids, eos)
+    return ids.masked_fill(~cmask, pad), cmask

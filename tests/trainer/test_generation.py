@@ -16,11 +16,11 @@ from arbiter.tiny_model import build
 from arbiter.trainer.generation import (
     Sampler,
     SamplingParams,
-    _choose,
     completion_mask_from_ids,
     sample,
     sampling_probs,
 )
+from arbiter.trainer.sampling import _choose, _draw, block_size
 
 PROMPTS = [
     "What is 12 + 7? Think first.",
@@ -189,16 +189,41 @@ def test_distribution_matches_hf_warpers(temperature: float, top_p: float) -> No
     ours = sampling_probs(logits, temperature, top_p)
     torch.testing.assert_close(ours, hf)
 
-    # the inverse-CDF draw used inside the graph reproduces it: 40k draws per row
+    # the inverse-CDF draws used inside the graph reproduce it: 40k draws per row
     n = 40_000
     g = torch.Generator().manual_seed(3)
     rows = logits.repeat_interleave(n, 0)
-    drawn = _choose(rows, torch.rand(rows.shape[0], generator=g), temperature, top_p)
-    freq = torch.stack(
-        [torch.bincount(drawn[i * n : (i + 1) * n], minlength=8).float() / n for i in range(3)]
-    )
-    assert (freq - hf).abs().max() < 0.012  # ~4.5 sigma at p=0.5
-    assert (freq[hf == 0] == 0).all()  # filtered tokens are never drawn
+    u = torch.rand(rows.shape[0], generator=g)
+    draws = [_choose(rows, u, temperature, top_p)]
+    if top_p == 1.0:  # the blocked draw (no top-p), blocks of 3 with a shorter last one
+        draws.append(_draw(rows, u, temperature, block=3))
+    for drawn in draws:
+        freq = torch.stack(
+            [torch.bincount(drawn[i * n : (i + 1) * n], minlength=8).float() / n for i in range(3)]
+        )
+        assert (freq - hf).abs().max() < 0.012  # ~4.5 sigma at p=0.5
+        assert (freq[hf == 0] == 0).all()  # filtered tokens are never drawn
+
+
+@pytest.mark.parametrize(("vocab", "block"), [(50, 8), (2000, None), (151_936, None)])
+def test_blocked_draw_is_the_same_inverse_cdf(vocab: int, block: int | None) -> None:
+    """For the same uniform, the two-level draw picks the token the full-width cumulative sum
+    picks, bar a float-rounding tie at a boundary (one in thousands); nothing of zero mass."""
+    torch.manual_seed(1)
+    logits = torch.randn(400 if vocab > 10_000 else 4000, vocab) * 3
+    logits[:, 0] = -1e4  # a token of zero probability after exp
+    u = torch.rand(logits.shape[0])
+    for temperature in (1.0, 0.7):
+        got = _draw(logits, u, temperature, block)
+        assert (got != _choose(logits, u, temperature, 1.0)).sum() <= 2
+        assert (got != 0).all() and (got < vocab).all()
+    extreme = torch.tensor([0.0, 1.0 - 2**-24])  # the ends of the uniform's range
+    assert (_draw(logits[:2], extreme, 1.0, block) != 0).all()
+
+
+def test_block_size() -> None:
+    assert [block_size(v) for v in (8, 2000, 32_000, 151_936)] == [8, 1000, 1000, 1187]
+    assert block_size(100_003) == 1024  # a prime: 1,024 wide, the last block shorter
 
 
 @pytest.mark.parametrize(
@@ -246,3 +271,46 @@ def test_cache_can_be_freed_between_calls(tiny: tuple[Any, Any]) -> None:
     for _ in range(2):  # the second call reallocates what the first freed
         assert torch.equal(kept(ids, mask, params)[0], freed(ids, mask, params)[0])
         assert len(kept._buckets) == 1 and len(freed._buckets) == 0
+
+
+def test_shortcuts_keep_the_greedy_ids(
+    tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Attending only to the filled part of the cache (rounded up to 64 slots), prefilling each
+    distinct prompt once and the blocked draw leave the greedy ids as they were; GRPO-style
+    duplicated prompts, completions crossing several 64-slot lengths."""
+    import arbiter.trainer.generation as generation
+
+    model, tok = tiny
+    ids, mask = _enc(tok, [p for p in PROMPTS for _ in range(3)])  # groups of 3 copies
+    params = SamplingParams(150, -1, tok.pad_token_id, temperature=0.0)
+    before = Sampler(model, length_buckets=False, share_prompts=False, blocked_draw=False)
+    ref, _ = before(ids, mask, params)
+    seen: list[tuple[int, int]] = []  # (rows, attended slots) of each decoder forward
+    forward = generation.decoder.forward
+
+    def spy(model: Any, ids: torch.Tensor, *a: Any, **kw: Any) -> torch.Tensor:
+        seen.append((ids.shape[0], a[4].shape[-1]))
+        return forward(model, ids, *a, **kw)
+
+    monkeypatch.setattr(generation.decoder, "forward", spy)
+    got, _ = Sampler(model)(ids, mask, params)
+    assert torch.equal(got, ref)
+    assert seen[0][0] == len(PROMPTS)  # one prefill row per distinct prompt
+    p = ids.shape[1]  # decode step i attends to the first p + i slots, rounded up to 64
+    assert [w for _, w in seen[1:]] == [-(-(p + i) // 64) * 64 for i in range(1, 150)]
+    assert len({w for _, w in seen[1:]}) >= 3
+
+
+def test_shortcuts_keep_seeded_sampling(tiny: tuple[Any, Any]) -> None:
+    """Sampling with the same seed: the blocked draw picks the same tokens as the full-width
+    cumulative sum (same uniforms, same inverse CDF) on this small vocabulary."""
+    model, tok = tiny
+    ids, mask = _enc(tok, PROMPTS * 2)
+
+    def run(sampler: Sampler) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(5)
+        return sampler(ids, mask, SamplingParams(40, -1, tok.pad_token_id, generator=gen))[0]
+
+    old = Sampler(model, length_buckets=False, share_prompts=False, blocked_draw=False)
+    assert torch.equal(run(Sampler(model)), run(old))
