@@ -134,11 +134,14 @@ def _pool_run(
 ) -> dict[str, float]:
     with mp.get_context("forkserver").Pool(processes, initializer=_pool_init) as pool:
         pool.map(fn, tasks[:200], chunksize=16)  # warm-up: imports, caches
-        start = time.perf_counter()
+        pids = [p.pid for p in pool._pool]  # type: ignore[attr-defined]
+        cpu0, start = _cpu_seconds(pids) + time.process_time(), time.perf_counter()
         results = pool.map(fn, tasks, chunksize=64)
         elapsed = time.perf_counter() - start
+        cpu = _cpu_seconds(pids) + time.process_time() - cpu0
     return {"responses": len(tasks), "seconds": elapsed, "rps": len(tasks) / elapsed,
-            "correct": sum(results)}  # fmt: skip
+            "correct": sum(results), "cpu_s": cpu,
+            "cpu_us_per_response": cpu / len(tasks) * 1e6}  # fmt: skip
 
 
 def baselines(
@@ -236,6 +239,7 @@ def _measure(
     cpu0 = _cpu_seconds(pids)
     out = asyncio.run(_drive(url, groups, per_request, concurrency))
     out["service_cpu_s"] = _cpu_seconds(pids) - cpu0
+    out["cpu_us_per_response"] = out["service_cpu_s"] / out["responses"] * 1e6
     out["per_request"] = per_request * GROUP
     out["concurrency"] = concurrency
     return out
@@ -341,8 +345,8 @@ def table(r: dict[str, Any]) -> str:
         f"(fast-path rows: {r['fast_path_repeat']} passes); {r['machine']}; "
         f"best of {r['rounds']} rounds; uvicorn processes: {r['serve_processes']}",
         "| what | responses/s | same-work ratio | p50 / p99 per request | client CPU | "
-        "service CPU | correct |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "service CPU | CPU µs per response | correct |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for key, what in (
         ("rule_fast_path", "same rule in-process, fast path on (default), Pool(2)"),
@@ -350,9 +354,9 @@ def table(r: dict[str, Any]) -> str:
         ("plain_math_verify", "plain math-verify in-process, Pool(2) (different work)"),
     ):
         b = r[key]
-        lines.append(f"| {what} | {b['rps']:,.0f} | 1.00 | – | – | – | {b['correct']} |"
-                     if key.startswith("rule") else
-                     f"| {what} | {b['rps']:,.0f} | – | – | – | – | {b['correct']} |")  # fmt: skip
+        ratio = "1.00" if key.startswith("rule") else "–"
+        lines.append(f"| {what} | {b['rps']:,.0f} | {ratio} | – | – | – "
+                     f"| {b['cpu_us_per_response']:.1f} | {b['correct']} |")  # fmt: skip
     for mode, label in (("fast_path", "fast path on"), ("no_fast_path", "fast path off")):
         for shape, (per_request, clients) in SHAPES.items():
             h = r[f"http_{mode}_{shape}"]
@@ -361,7 +365,8 @@ def table(r: dict[str, Any]) -> str:
                 f"{clients} clients | {h['rps']:,.0f} | {r[f'ratio_{mode}_{shape}']:.2f} "
                 f"| {h['p50_ms']:.1f} / {h['p99_ms']:.1f} ms "
                 f"| {h['client_cpu_s']:.2f} s ({h['client_cpu_share']:.0%} of a core) "
-                f"| {h['service_cpu_s']:.2f} s | {h['correct']} |"
+                f"| {h['service_cpu_s']:.2f} s | {h['cpu_us_per_response']:.1f} "
+                f"(+{h['client_cpu_s'] / h['responses'] * 1e6:.1f} client) | {h['correct']} |"
             )
     lines.append("same-work ratio round by round: " + "; ".join(
         f"{k[6:]} {' / '.join(f'{v:.2f}' for v in vs)}" for k, vs in r["ratio_per_round"].items()
