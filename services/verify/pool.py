@@ -1,14 +1,13 @@
 """A small process pool for the math rule: a wall-clock deadline per item, fair across requests.
 
-Not ``concurrent.futures.ProcessPoolExecutor``: killing one of its workers breaks it. Here
-each worker is a process with its own socket, watched by one asyncio task ("slot"). Chunks
-of queued items go to a worker in one message each, up to ``DEPTH`` in flight: the next
-chunk already waits in its socket when it finishes one, so it never idles while the event
-loop parses or answers a request (one chunk at a time, the workers idled about half the
-time on two cores). The worker writes the id of its chunk and ``(start time, index)`` of its item
-into a shared array, so the slot knows the running item's deadline without a message per
-item. Past it, the slot kills the worker, answers that item ``timeout``, puts the rest of
-its chunks back in the queue and starts a replacement; the other workers keep serving.
+Not ``concurrent.futures.ProcessPoolExecutor``: killing one of its workers breaks it. Each
+worker here is a process with its own socket, watched by one asyncio task ("slot"), and is
+sent chunks of queued items, one message each, up to ``DEPTH`` in flight: it never idles
+while the event loop parses or answers a request (with one at a time, the workers idled
+half the time on two cores). It writes its chunk's id and its item's ``(start time,
+index)`` into a shared array: the slot knows the running item's deadline without a message
+per item. Past it, the slot kills the worker, answers that item ``timeout``, queues the
+rest of its chunks again and starts a replacement; the other workers keep serving.
 
 Transport: uvloop makes the parent's socket ends non-blocking (a blocking ``send`` of a big
 chunk would raise ``BlockingIOError`` half-way), so the parent uses asyncio streams in
@@ -26,8 +25,8 @@ chunk sent behind it (which yields the same way). ``cancel`` drops a request's q
 and marks the chunks holding its items; a running item is left to finish or to its
 deadline (killing it would cost a respawn for at most one item's time).
 
-Workers start from a forkserver with math-verify preloaded (a replacement is ready in
-milliseconds), or with ``spawn``, at a lower priority than the event loop (``nice``).
+Workers start from a forkserver with math-verify preloaded, or with ``spawn``, at a lower
+priority than the event loop (``nice``).
 """
 
 from __future__ import annotations
@@ -86,7 +85,7 @@ class _Chunk:
     sent: float
     answered: int = 0  # results received: jobs[:answered]
     asked: bool = False  # asked to hand back early
-    yield_at: float = 0.0  # when to ask, if others wait; set when it starts running
+    yield_at: float = 0.0  # when to ask, if others wait (from when it became the head)
 
 
 @dataclass(eq=False)
@@ -108,8 +107,7 @@ def _frame(msg: Any) -> bytes:
     """``msg`` in ``multiprocessing.Connection``'s framing (what the worker's recv reads)."""
     data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
     n = len(data)
-    header = struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)
-    return header + data
+    return (struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)) + data
 
 
 async def _read_frame(reader: asyncio.StreamReader) -> Any:
@@ -125,7 +123,7 @@ class WorkerPool:
         size: int,
         deadline_s: float,
         mv_timeout_s: int,
-        max_chunk: int = 32,
+        max_chunk: int = 128,
         start_method: str = "forkserver",
         yield_after_s: float = 0.05,
         nice: int = 0,
@@ -355,7 +353,9 @@ class WorkerPool:
             return
         if not head.asked and time.monotonic() >= head.yield_at:
             started = w.shared[CHUNK] == head.id and w.shared[RUNNING] >= 0
-            if started and (self._queue.queued or len(w.inflight) > 1):  # others wait
+            mine = {job.ticket for job in head.jobs}
+            behind = (job.ticket not in mine for c in list(w.inflight)[1:] for job in c.jobs)
+            if started and (self._queue.queued or any(behind)):  # others wait
                 # Stop after the current item (it has one), and hand back the chunks sent
                 # behind it unstarted: the queue then picks what runs next, fairly.
                 w.shared[YIELD] = max(w.shared[YIELD], float(w.inflight[-1].id))

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from arbiter.services.verify.pool import DEPTH, WorkerPool
+from arbiter.services.verify.pool import DEPTH, YIELDS, WorkerPool
 from arbiter.services.verify.queue import MIN_SHARE
 from arbiter.services.verify.worker import Item
 
@@ -100,5 +100,25 @@ async def test_workers_run_below_the_event_loop() -> None:
         assert worker is not None and worker.proc.pid is not None
         mine = os.getpriority(os.PRIO_PROCESS, 0)
         assert os.getpriority(os.PRIO_PROCESS, worker.proc.pid) == min(19, mine + 7)
+    finally:
+        await p.close()
+
+
+async def test_yields_only_when_another_request_waits() -> None:
+    # Chunks of one request queued behind each other are not handed back (it would only
+    # re-send them); another request's chunk behind the running one is.
+    p = WorkerPool(size=1, deadline_s=DEADLINE_S, mv_timeout_s=5, max_chunk=4 * MIN_SHARE,
+                   yield_after_s=0.002)  # fmt: skip
+    await p.start()
+    try:
+        before = YIELDS._value.get()
+        alone = p.submit(_quick(DEPTH * 4 * MIN_SHARE))
+        await asyncio.wait_for(alone.done, 60)
+        assert YIELDS._value.get() == before
+        first = p.submit(_quick(4 * MIN_SHARE))
+        second = p.submit(_quick(MIN_SHARE))  # sent behind the first's chunk
+        await asyncio.wait_for(asyncio.gather(first.done, second.done), 60)
+        assert YIELDS._value.get() > before
+        assert all(r is not None and r[0].score == 1.0 for r in first.results + second.results)
     finally:
         await p.close()
