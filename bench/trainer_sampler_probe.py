@@ -2,7 +2,7 @@
 
 Issue 14's rollout (Qwen2.5-1.5B config, 32 GSM8K prompts x G=8 = 256 rows, 512 new tokens,
 T=1, bf16; the anchor's model and prompts): the compiled + graphed sampler as it was
-(``length_buckets``, ``share_prompts``, ``blocked_draw`` off) against the current one, then
+(``length_round=0``, ``share_prompts``, ``blocked_draw`` off) against the current one, then
 each shortcut left out once. Checks, on the same card: greedy ids of the graphed and the eager
 sampler identical (uncompiled, as ``bench.trainer_speed --phases check``); greedy ids of the
 compiled sampler before and after (rows equal, first divergence: bf16 rounding may differ);
@@ -30,11 +30,11 @@ from arbiter.trainer.sampling import SamplingParams
 from bench.trainer_phases import prompts, sync, time_sampler, use_gsm8k
 from bench.trainer_speed import REPO, _load_anchor
 
-BEFORE = {"length_buckets": False, "share_prompts": False, "blocked_draw": False}
-VARIANTS = {  # name -> Sampler options (compiled + graphed on a GPU)
+BEFORE: dict[str, Any] = {"length_round": 0, "share_prompts": False, "blocked_draw": False}
+VARIANTS: dict[str, dict[str, Any]] = {  # name -> Sampler options (compiled + graphed on a GPU)
     "before": BEFORE,
     "after": {},
-    "after_no_length_buckets": {"length_buckets": False},
+    "after_whole_cache": {"length_round": 0},
     "after_no_blocked_draw": {"blocked_draw": False},
     "after_no_share_prompts": {"share_prompts": False},
 }

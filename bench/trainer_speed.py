@@ -84,10 +84,12 @@ def phase_ours(
     res["prompt_tokens_padded"] = int(p_ids.shape[1])
     n = a.MAX_NEW
     modes = opts.sampler_modes.split(",") if opts.sampler_modes else []
-    kinds = {
+    kinds: dict[str, dict[str, Any]] = {
         "eager": dict(use_cuda_graphs=False, compile=False),
         "graphs": dict(compile=False),
         "compiled": dict(compile=True),
+        # the compiled sampler attending to the whole cache in every step (no length buckets)
+        "compiled_whole_cache": dict(compile=True, length_round=0),
     }
     for mode in modes:  # the sampler alone
         try:
@@ -286,8 +288,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--sampler-modes",
         default=None,
-        help="samplers timed alone: eager,graphs,compiled (default: all on GPU, "
-        "eager on CPU; '' for none)",
+        help="samplers timed alone: eager,graphs,compiled,compiled_whole_cache (default: the "
+        "first three on GPU, eager on CPU; '' for none)",
     )
     args = p.parse_args(argv)
     if args.sampler_modes is None:
@@ -386,7 +388,12 @@ def _table(res: dict[str, Any]) -> None:
         f"| medians: TRL {trl.get('s_per_step_median')} s/step, "
         f"ours {ours.get('s_per_step_median')} s/step | | | |"
     )
-    for k in ("sampler_eager", "sampler_graphs", "sampler_compiled"):
+    for k in (
+        "sampler_eager",
+        "sampler_graphs",
+        "sampler_compiled",
+        "sampler_compiled_whole_cache",
+    ):
         r = ours.get(k, {})
         name = k.removeprefix("sampler_").replace("_", " + ")
         row(f"our sampler, {name} ({shape})", r.get("s"), r.get("tokens_per_s"))

@@ -30,7 +30,7 @@ capacity C rounded up so batches of similar length share one cache. Prompts are 
 eagerly, each distinct prompt once (whole rows, about 8k prompt tokens per forward, so the
 prefill's activations stay small beside the cache); each decode step (forward, sampling, EOS
 bookkeeping) is one CUDA-graph replay over static buffers, attending only to the cache's
-filled slots rounded up to 64 (one graph per such length), and the host checks "all rows
+filled slots rounded up to 128 (one graph per such length), and the host checks "all rows
 done" only every few steps. Weights are read from the live parameters, so optimizer updates
 between calls are seen without re-capture.
 On CPU the same code runs eagerly (that is what the CPU tests exercise).
@@ -59,7 +59,8 @@ __all__ = ["Sampler", "SamplingParams", "completion_mask_from_ids", "sample", "s
 
 log = logging.getLogger(__name__)
 
-_CAPACITY_ROUND = 64  # KV-cache capacity, and the attended length, are rounded up to this
+_CAPACITY_ROUND = 64  # KV-cache capacity is rounded up to this many slots
+_LENGTH_ROUND = 128  # a decode step attends to the filled cache slots rounded up to this
 _MAX_BUCKETS = 4  # cached (batch, capacity, ...) graph buckets per model
 _PREFILL_TOKENS = 8192  # prompt tokens per prefill forward (whole rows)
 
@@ -94,10 +95,11 @@ class Sampler:
     shape; False frees them when the call returns (the memory goes back to training).
 
     Three exact shortcuts, each on by default (off: the sampler as it was before them, kept for
-    the benchmark's before/after): ``length_buckets`` -- a decode step attends only to the
-    cache's first S slots, S the filled length rounded up to 64 (one CUDA graph per S; one
-    compilation serves them all, S being a dynamic size); ``share_prompts`` -- each distinct
-    prompt is prefilled once and its K/V copied to its duplicates (GRPO's G copies);
+    the benchmark's before/after): ``length_round`` -- a decode step attends only to the
+    cache's first S slots, S the filled length rounded up to this many slots (0: the whole
+    cache); each S has its own CUDA graph and its own static compilation (a dynamic S compiled
+    once gave a softmax kernel 5-7x slower than the static one); ``share_prompts`` -- each
+    distinct prompt is prefilled once and its K/V copied to its duplicates (GRPO's G copies);
     ``blocked_draw`` -- without top-p the categorical draw is ``sampling._draw``'s two-level
     inverse CDF, compiled into the decode step, instead of a full-vocabulary softmax and
     cumulative sum.
@@ -115,14 +117,14 @@ class Sampler:
         check_every: int = 8,
         compile: bool | None = None,
         keep_cache: bool = True,
-        length_buckets: bool = True,
+        length_round: int = _LENGTH_ROUND,
         share_prompts: bool = True,
         blocked_draw: bool = True,
     ) -> None:
         self.model = model
         self.check_every = check_every
         self.keep_cache = keep_cache
-        self.length_buckets, self.share_prompts = length_buckets, share_prompts
+        self.length_round, self.share_prompts = length_round, share_prompts
         self.blocked_draw = blocked_draw
         self.blocked_draw_compiles = True  # False once compiling the draw has failed
         self.fast_reason = decoder.unsupported_reason(model)
@@ -144,6 +146,9 @@ class Sampler:
         self._decode_forward: Any = self._forward
         self._decode_sample: Any = self._forward_sample
         if self.compiled:
+            if length_round:  # one compiled entry per attended length, temperature and cache
+                limit = torch._dynamo.config.recompile_limit
+                torch._dynamo.config.recompile_limit = max(limit, 64)
             self._decode_forward = torch.compile(self._forward, dynamic=False)
             self._decode_sample = torch.compile(self._forward_sample, dynamic=False)
 
@@ -198,19 +203,11 @@ class Sampler:
         def zeros(*shape: int, dt: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(*shape, device=dev, dtype=dt)
 
-        # with length buckets the cache and mask have one slot more than is ever filled, so
-        # that an attended prefix [:S] is never the whole tensor: S then stays one dynamic
-        # size in the compiled step (S == width would be specialised and compiled again)
-        w = c + 1 if self.length_buckets else c
-
-        def cache() -> torch.Tensor:
-            return zeros(b, h_kv, w, d, dt=cache_dtype)
-
         bk = _Bucket(
             key=key,
-            k_cache=[cache() for _ in range(n_layers)],
-            v_cache=[cache() for _ in range(n_layers)],
-            valid=zeros(b, w, dt=torch.bool),
+            k_cache=[zeros(b, h_kv, c, d, dt=cache_dtype) for _ in range(n_layers)],
+            v_cache=[zeros(b, h_kv, c, d, dt=cache_dtype) for _ in range(n_layers)],
+            valid=zeros(b, c, dt=torch.bool),
             tokens=zeros(b),
             pos=zeros(b),
             slot=zeros(1),
@@ -237,8 +234,6 @@ class Sampler:
             cache.index_copy_(2, bk.slot, new.to(cache.dtype))
 
         mask = bk.valid[:, None, :s]
-        if self.length_buckets and self.compiled:
-            torch._dynamo.maybe_mark_dynamic(mask, 2)
         u = bk.noise.index_select(0, bk.step).squeeze(0)
         if self._fused(bk):
             tok = self._decode_sample(bk, mask, write, u, temperature)
@@ -321,7 +316,7 @@ class Sampler:
         bk = self._bucket(b, c, n, temperature, top_p)
         # decode step i (1..n-1) writes slot p+i-1 and attends to the first `lengths[i-1]`
         lengths = [
-            min(c, -(-(p + i) // _CAPACITY_ROUND) * _CAPACITY_ROUND) if self.length_buckets else c
+            min(c, -(-(p + i) // self.length_round) * self.length_round) if self.length_round else c
             for i in range(1, n)
         ]
         if self.use_graphs:

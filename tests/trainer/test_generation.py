@@ -284,7 +284,7 @@ def test_shortcuts_keep_the_greedy_ids(
     model, tok = tiny
     ids, mask = _enc(tok, [p for p in PROMPTS for _ in range(3)])  # groups of 3 copies
     params = SamplingParams(150, -1, tok.pad_token_id, temperature=0.0)
-    before = Sampler(model, length_buckets=False, share_prompts=False, blocked_draw=False)
+    before = Sampler(model, length_round=0, share_prompts=False, blocked_draw=False)
     ref, _ = before(ids, mask, params)
     seen: list[tuple[int, int]] = []  # (rows, attended slots) of each decoder forward
     forward = generation.decoder.forward
@@ -294,7 +294,7 @@ def test_shortcuts_keep_the_greedy_ids(
         return forward(model, ids, *a, **kw)
 
     monkeypatch.setattr(generation.decoder, "forward", spy)
-    got, _ = Sampler(model)(ids, mask, params)
+    got, _ = Sampler(model, length_round=64)(ids, mask, params)
     assert torch.equal(got, ref)
     assert seen[0][0] == len(PROMPTS)  # one prefill row per distinct prompt
     p = ids.shape[1]  # decode step i attends to the first p + i slots, rounded up to 64
@@ -312,5 +312,5 @@ def test_shortcuts_keep_seeded_sampling(tiny: tuple[Any, Any]) -> None:
         gen = torch.Generator().manual_seed(5)
         return sampler(ids, mask, SamplingParams(40, -1, tok.pad_token_id, generator=gen))[0]
 
-    old = Sampler(model, length_buckets=False, share_prompts=False, blocked_draw=False)
+    old = Sampler(model, length_round=0, share_prompts=False, blocked_draw=False)
     assert torch.equal(run(Sampler(model)), run(old))
