@@ -269,7 +269,7 @@ class Sampler:
 
     def _capture(self, bk: _Bucket, s: int) -> None:
         saved = [x.clone() for x in (bk.valid, bk.tokens, bk.pos, bk.slot, bk.step, bk.done)]
-        stream = torch.cuda.Stream(device=self.device)
+        stream = _warmup_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: allocator, cuBLAS handles, lazy init
@@ -369,6 +369,16 @@ class Sampler:
 
 
 _SAMPLERS: dict[int, Sampler] = {}
+_STREAMS: dict[torch.device, Any] = {}
+
+
+def _warmup_stream(device: torch.device) -> Any:
+    """One side stream per device for every capture's warm-up: cuBLAS keeps a workspace per
+    stream it ran on for the life of the process, and a new stream per capture (one per
+    attended length, every rollout when the cache is freed) would add one each time."""
+    if device not in _STREAMS:
+        _STREAMS[device] = torch.cuda.Stream(device=device)
+    return _STREAMS[device]
 
 
 def sample(
