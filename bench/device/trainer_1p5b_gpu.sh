@@ -5,7 +5,7 @@
 # forward's decoder layers compiled), TRL 1.16 GRPOTrainer at per-device batch 16 x
 # accumulation 16, then ours again with the cache kept and micro-batches of 16.
 # PHASES (default ours,trl,ours_fast) and MODES (samplers timed alone, default
-# graphs,compiled) pick less. Carry [".carry/trainer"].  SMALL=1 runs the same command on a
+# graphs,compiled; also eager, compiled_whole_cache) pick less. Carry [".carry/trainer"].  SMALL=1 runs the same command on a
 # CPU (no wheels installed).
 source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OUT=${OUT:-/tmp/trainer_1p5b_out}
