@@ -320,13 +320,12 @@ class WorkerPool:
             w.getter = asyncio.ensure_future(w.inbox.get())
         # Read the chunk id and index first, then the start time (the worker writes them in
         # the other order), and check them again before acting on an overrun.
-        running, index = w.shared[CHUNK], int(w.shared[RUNNING])
+        running, raw = w.shared[CHUNK], int(w.shared[RUNNING])
         started = max(w.shared[STARTED], head.sent)
         now = time.monotonic()
         left = started + self.deadline_s - now if running <= head.id else self.deadline_s
-        if running < head.id:  # between chunks: head's message not read yet
-            index = -1
-        same = w.shared[CHUNK] == running and int(w.shared[RUNNING]) == index
+        index = raw if running == head.id else -1  # -1: head's message not read yet
+        same = w.shared[CHUNK] == running and int(w.shared[RUNNING]) == raw
         if left <= 0 and same and not w.getter.done():
             index = max(index, head.answered)
             ITEMS_RUN.inc(min(index + 1, len(head.jobs)) - head.answered)  # stuck, lost
