@@ -7,26 +7,21 @@ while the event loop parses or answers a request (with one at a time, the worker
 half the time on two cores). It writes its chunk's id and its item's ``(start time,
 index)`` into a shared array: the slot knows the running item's deadline without a message
 per item. Past it, the slot kills the worker, answers that item ``timeout``, queues the
-rest of its chunks again and starts a replacement; the other workers keep serving.
+rest again (the worker sends finished results every 50 ms) and starts a replacement.
 
-Transport: uvloop makes the parent's socket ends non-blocking (a blocking ``send`` of a big
-chunk would raise ``BlockingIOError`` half-way), so the parent uses asyncio streams in
-``multiprocessing.Connection``'s framing and the worker its blocking ``recv``/``send``: a
-big item costs the time to copy it and at most its deadline, never a worker restart.
+Transport: uvloop makes the parent's socket ends non-blocking, so it uses asyncio streams
+in ``multiprocessing.Connection``'s framing (the worker: blocking ``recv``/``send``); a big
+item costs the time to copy it and at most its deadline, never a worker restart.
 
-Fairness (``queue.FairQueue``): every ``submit`` is a request with its own queue, charged
-with the worker time its items took (a killed item: its deadline). A chunk takes a share
-from every request with items queued, the least charged first: a new request's items lead
-the next chunk, however many items others queued or however slow. A chunk that has run for
-``yield_after_s`` while other items wait gets its "yield" mark in the shared array: the
-worker stops after its current item and sends what it has; the rest is queued again. So
-one request's items delay another's by at most the running item (≤ its deadline) and the
-chunk sent behind it (which yields the same way). ``cancel`` drops a request's queued items
-and marks the chunks holding its items; a running item is left to finish or to its
-deadline (killing it would cost a respawn for at most one item's time).
-
-Workers start from a forkserver with math-verify preloaded, or with ``spawn``, at a lower
-priority than the event loop (``nice``).
+Fairness (``queue.FairQueue``): each request has its own queue, charged with the worker
+time its items took (a killed item: its deadline); a chunk takes a share from every
+request queued, the least charged first. A chunk that has run for ``yield_after_s`` while
+another request waits gets a "yield" mark: the worker stops after its current item, hands
+back the chunks sent behind it unstarted, and gets nothing new until they are back, so the
+queue decides what runs next. One request's items delay another's by at most the running
+item (≤ its deadline). ``cancel`` drops a request's queued items and marks its chunks.
+Workers start from a forkserver with math-verify preloaded (or ``spawn``), niced below
+the event loop.
 """
 
 from __future__ import annotations
@@ -36,7 +31,9 @@ import contextlib
 import itertools
 import logging
 import multiprocessing as mp
+import os
 import pickle
+import signal
 import socket
 import struct
 import time
@@ -173,7 +170,7 @@ class WorkerPool:
 
     @property
     def alive(self) -> int:
-        return sum(1 for w in self._workers if w is not None and w.proc.is_alive())
+        return sum(1 for w in self._workers if w is not None and not w.dead)
 
     def _spawn(self) -> tuple[BaseProcess, socket.socket, Any]:
         """Start one worker process (runs in a thread: forkserver start-up blocks)."""
@@ -235,8 +232,10 @@ class WorkerPool:
         self._workers[slot] = None
         if graceful:
             await asyncio.to_thread(w.proc.join, 2.0)
-        if w.proc.is_alive():
-            w.proc.kill()
+        # By pid: with the forkserver gone, exitcode reads 255 for a worker still running.
+        if w.proc.exitcode is None or (w.proc.exitcode == 255 and not w.dead):
+            with contextlib.suppress(OSError, TypeError):
+                os.kill(w.proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
         await asyncio.to_thread(w.proc.join, 5.0)
         for task in (w.reader, w.getter):
             if task is not None:
@@ -283,6 +282,8 @@ class WorkerPool:
                     return
                 if w is None or w.dead or len(w.inflight) >= depth:
                     continue
+                if w.inflight and w.shared[YIELD] >= w.inflight[-1].id:
+                    continue  # handing its chunks back: the queue picks after they return
                 jobs = self._queue.take(self._queue.chunk_size(self.size, self.max_chunk))
                 if jobs:
                     self._send(w, jobs)
@@ -305,7 +306,7 @@ class WorkerPool:
             w = self._workers[slot]
             if w is not None and w.inflight:
                 await self._watch(slot, w)  # also where a death is noticed (EOF)
-            elif w is None or w.dead or not w.proc.is_alive():
+            elif w is None or w.dead:
                 await self._replace(slot, "died_idle")
                 self._fill()
             else:
@@ -339,13 +340,13 @@ class WorkerPool:
         if w.getter.done():
             msg = w.getter.result()
             w.getter = None
-            if msg is _EOF:
-                index = int(w.shared[RUNNING]) if w.shared[CHUNK] == head.id else -1
-                index = max(index, head.answered)
-                ITEMS_RUN.inc(min(index + 1, len(head.jobs)) - head.answered)
+            if msg is _EOF:  # blame the running item; none if the chunk never started
+                started = w.shared[CHUNK] == head.id and w.shared[RUNNING] >= 0
+                index = max(int(w.shared[RUNNING]), head.answered) if started else -1
+                ITEMS_RUN.inc(min(index + 1, len(head.jobs)) - head.answered if started else 0)
                 message = f"verify worker died (exit code {w.proc.exitcode})"
                 self._fail(w, "internal", message, index)
-                await self._replace(slot, "crashed")
+                await self._replace(slot, "crashed" if started else "died_idle")
                 self._fill()
             else:
                 self._deliver(w, head, msg)
@@ -384,12 +385,12 @@ class WorkerPool:
         self._fill()
 
     def _fail(self, w: _Worker, kind: ErrorKind, message: str, index: int) -> None:
-        """The worker is lost: answer the head chunk's item at ``index`` (if any) with an
+        """The worker is lost: answer the head chunk's item at ``index`` (-1: none) with an
         error and put everything else it was sent back in the queue."""
         jobs: list[Job] = []
         for n, chunk in enumerate(w.inflight):
             rest = chunk.jobs[chunk.answered :]
-            if n == 0:
+            if n == 0 and index >= 0:
                 index = min(index, len(chunk.jobs) - 1)
                 job = chunk.jobs[index]
                 job.ticket.charge += self.deadline_s

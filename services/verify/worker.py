@@ -56,6 +56,7 @@ Item = tuple[str, str, float, bool]  # response, gold (the reference's value), r
 # Per item: the result, how it was decided (a ``verify_math_path_total`` label: fast_path,
 # math_verify, no_answer, conflict, failed) and the extracted answer, if any.
 Scored = tuple[ItemResult, str, str | None]
+FLUSH_S = 0.05  # a running chunk's results go back at least this often
 # The shared array's slots: the running item's index, its start time, "stop every chunk
 # with an id up to this one after its current item", and the id of the chunk being run.
 RUNNING, STARTED, YIELD, CHUNK = 0, 1, 2, 3
@@ -214,16 +215,18 @@ def worker_main(conn: Connection, shared: Any, timeout_s: int, nice: int = 0) ->
         chunk_id, items, flush_at = msg
         shared[RUNNING] = -1.0  # not started: the parent times it from the previous end
         shared[CHUNK] = float(chunk_id)
-        first = 0  # index of the first result not sent yet
+        first, sent = 0, time.monotonic()  # the first result not sent yet; last send
         results: list[Scored] = []
         seconds: list[float] = []  # each item's time, for the pool's fair share
         for i, (response, gold, rel_tol, fast) in enumerate(items):
             if shared[YIELD] >= chunk_id:  # hand the rest back (see pool.py)
                 break
-            if i in flush_at and results:  # another request's items start: send these
-                conn.send((chunk_id, first, results, seconds, False))
-                first, results, seconds = i, [], []
             started = time.monotonic()
+            # Send what is done where another request's items start, and every FLUSH_S:
+            # a worker killed for an overrun then loses no finished result.
+            if results and (i in flush_at or started - sent >= FLUSH_S):
+                conn.send((chunk_id, first, results, seconds, False))
+                first, results, seconds, sent = i, [], [], started
             shared[STARTED] = started  # start time first, then the index
             shared[RUNNING] = float(i)
             try:

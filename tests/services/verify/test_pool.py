@@ -122,3 +122,33 @@ async def test_yields_only_when_another_request_waits() -> None:
         assert all(r is not None and r[0].score == 1.0 for r in first.results + second.results)
     finally:
         await p.close()
+
+
+def _slow(n: int) -> list[Item]:
+    # math-verify proves each identity: tens of milliseconds each, more than the pool's
+    # 50 ms yield interval over a chunk of 8
+    return [(f"<answer>\\sin^2(x+{i})+\\cos^2(x+{i})</answer>", "1", 1e-6, False) for i in range(n)]
+
+
+async def test_a_request_sent_behind_another_is_not_starved(pool: WorkerPool) -> None:
+    # A's chunks fill part of the worker's pipeline, B's chunk is sent behind them. When A's
+    # running chunk yields, the chunks behind it come back before the worker gets more:
+    # B leads the next chunk instead of being sent behind A's items again, and again.
+    a = pool.submit(_slow(3 * MIN_SHARE))
+    b = pool.submit(_quick(MIN_SHARE))
+    worker = pool._workers[0]
+    assert worker is not None and len(worker.inflight) == 4
+    await asyncio.wait_for(b.done, 30)
+    a_answered = sum(r is not None for r in a.results)
+    assert a_answered < len(a.results) // 2, f"B waited for {a_answered} of A's items"
+    await asyncio.wait_for(a.done, 60)
+    assert all(r is not None and r[0].score == 1.0 for r in a.results + b.results)
+
+
+async def test_a_worker_dead_before_its_chunk_started_is_not_blamed(pool: WorkerPool) -> None:
+    worker = pool._workers[0]
+    assert worker is not None
+    worker.proc.kill()  # dies idle; the pool has not read its EOF yet when B is sent
+    ticket = pool.submit(_quick(2 * MIN_SHARE))
+    await asyncio.wait_for(ticket.done, 30)
+    assert [r[0].score for r in ticket.results if r] == [1.0] * 2 * MIN_SHARE
