@@ -41,9 +41,9 @@ CONFIG = REPO / "configs" / "qwen2.5-7b-gsm8k-fsdp.yaml"
 def build_model(anchor: Path, shape: str, out: Path) -> None:
     """Random-init model of ``shape`` + the anchor's tokenizer, saved to ``out``."""
     os.environ["ANCHOR_SHAPE"] = shape
-    from bench.trainer_speed import _load_anchor
+    from bench.trainer_phases import load_anchor
 
-    a = _load_anchor(anchor)
+    a = load_anchor(anchor)
     tok = a.build_tokenizer()
     model = a.build_model(tok)
     model.save_pretrained(out)
@@ -111,13 +111,13 @@ def summarise(run_dir: Path, settings: dict[str, Any], world: int) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> None:
+    from bench.trainer_phases import add_anchor_arg, anchor_path
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--work", type=Path, default=Path("/tmp/trainer_fsdp"))
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/trainer_fsdp_out")))
     p.add_argument("--corpus", type=Path, default=REPO / ".carry" / "trainer" / "gsm8k")
-    p.add_argument(
-        "--anchor", type=Path, default=REPO / ".carry" / "trainer" / "trl_grpo_anchor.py"
-    )
+    add_anchor_arg(p)
     p.add_argument("--shape", default="qwen2.5-7b", help="the anchor's ANCHOR_SHAPE")
     p.add_argument("--model", type=Path, default=None, help="use this model (skip building one)")
     p.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
@@ -128,8 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tag", default="")
     p.add_argument("overrides", nargs="*", help="extra trainer settings, key=value")
     a = p.parse_args(argv)
-    if not a.anchor.exists():
-        a.anchor = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
+    a.anchor = anchor_path(a.anchor)
     if not a.corpus.exists():
         a.corpus = REPO.parent / "shared" / "data" / "gsm8k"
     model_dir = a.model or a.work / "model"

@@ -1,9 +1,13 @@
-"""Pieces of ``bench.trainer_speed``: the anchor's prompts, sampler timing, and the checks
-that the sampler samples what HF ``generate`` samples (``check`` and ``hf`` phases)."""
+"""Pieces of ``bench.trainer_speed`` and the other trainer benches: loading the TRL anchor,
+its prompts, sampler timing, and the checks that the sampler samples what HF ``generate``
+samples (``check`` and ``hf`` phases)."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import math
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -12,6 +16,30 @@ from typing import Any
 import torch
 
 from arbiter.trainer.sampling import SamplingParams
+
+REPO = Path(__file__).resolve().parents[1]
+# The TRL anchor: carried to a GPU machine in .carry/, else ../shared beside the checkout.
+CARRIED_ANCHOR = REPO / ".carry" / "trainer" / "trl_grpo_anchor.py"
+SHARED_ANCHOR = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
+
+
+def add_anchor_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--anchor", type=Path, default=CARRIED_ANCHOR)
+
+
+def anchor_path(path: Path) -> Path:
+    """``path``, or ../shared's anchor when it does not exist."""
+    return path if path.exists() else SHARED_ANCHOR
+
+
+def load_anchor(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("trl_grpo_anchor", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot import the anchor from {path}")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["trl_grpo_anchor"] = mod
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def sync() -> None:

@@ -27,8 +27,15 @@ from typing import Any
 import torch
 
 from arbiter.trainer.sampling import SamplingParams
-from bench.trainer_phases import prompts, sync, time_sampler, use_gsm8k
-from bench.trainer_speed import REPO, _load_anchor
+from bench.trainer_phases import (
+    add_anchor_arg,
+    anchor_path,
+    load_anchor,
+    prompts,
+    sync,
+    time_sampler,
+    use_gsm8k,
+)
 
 BEFORE: dict[str, Any] = {"length_round": 0, "share_prompts": False, "blocked_draw": False}
 VARIANTS: dict[str, dict[str, Any]] = {  # name -> Sampler options (compiled + graphed on a GPU)
@@ -91,15 +98,11 @@ def kernel_table(sampler: Any, s: int | None = None, steps: int = 10) -> list[di
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument(
-        "--anchor", type=Path, default=REPO / ".carry" / "trainer" / "trl_grpo_anchor.py"
-    )
+    add_anchor_arg(p)
     p.add_argument("--gsm8k", type=Path, default=None)
     p.add_argument("--variants", default=",".join(VARIANTS))
     args = p.parse_args(argv)
-    if not args.anchor.exists():
-        args.anchor = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
-    a = _load_anchor(args.anchor)
+    a = load_anchor(anchor_path(args.anchor))
     if args.gsm8k is not None:
         use_gsm8k(a, args.gsm8k)
     from arbiter.trainer.generation import Sampler

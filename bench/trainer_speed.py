@@ -31,10 +31,8 @@ Writes ``$OUT/trainer_speed.json`` (rewritten after each phase) and prints a tab
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -44,8 +42,11 @@ import torch
 
 from arbiter.trainer.sampling import SamplingParams
 from bench.trainer_phases import (
+    add_anchor_arg,
+    anchor_path,
     card_limits,
     length_reward,
+    load_anchor,
     phase_check,
     phase_hf,
     prompts,
@@ -54,20 +55,9 @@ from bench.trainer_phases import (
     use_gsm8k,
 )
 
-REPO = Path(__file__).resolve().parents[1]
 WARMUP = 2
 # phase ours_fast: the GRPO steps again, KV cache kept between rollouts, micro-batches of 16
 FAST = {"free_sampler_cache": False, "micro_batch": 16, "sampler_modes": ""}
-
-
-def _load_anchor(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("trl_grpo_anchor", path)
-    if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot import the anchor from {path}")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["trl_grpo_anchor"] = mod
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def phase_ours(
@@ -237,9 +227,7 @@ def phase_trl(a: ModuleType, tok: Any, batch: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument(
-        "--anchor", type=Path, default=REPO / ".carry" / "trainer" / "trl_grpo_anchor.py"
-    )
+    add_anchor_arg(p)
     p.add_argument("--steps", type=int, default=16, help="timed steps (after 2 warm-up) per side")
     p.add_argument(
         "--gsm8k",
@@ -294,12 +282,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.sampler_modes is None:
         args.sampler_modes = "eager,graphs,compiled" if torch.cuda.is_available() else "eager"
-    if not args.anchor.exists():
-        args.anchor = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
+    args.anchor = anchor_path(args.anchor)
     # the anchor's TRL phase runs ANCHOR_STEPS optimizer steps in all and times the ones
     # after its 2 warm-up steps: the same count as ours
     os.environ.setdefault("ANCHOR_STEPS", str(args.steps + WARMUP))
-    a = _load_anchor(args.anchor)
+    a = load_anchor(args.anchor)
     prompt_source = "the anchor's arithmetic questions"
     if args.gsm8k is not None:
         use_gsm8k(a, args.gsm8k)

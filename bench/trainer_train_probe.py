@@ -30,8 +30,7 @@ from typing import Any
 
 import torch
 
-from bench.trainer_phases import prompts, sync, use_gsm8k
-from bench.trainer_speed import REPO, _load_anchor
+from bench.trainer_phases import add_anchor_arg, anchor_path, load_anchor, prompts, sync, use_gsm8k
 
 CUDA = torch.cuda.is_available()
 VARIANTS: dict[str, dict[str, Any]] = {  # in the order they run by default
@@ -169,9 +168,7 @@ def profile_decode(a: Any, model: Any, p_ids: torch.Tensor, p_mask: torch.Tensor
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument(
-        "--anchor", type=Path, default=REPO / ".carry" / "trainer" / "trl_grpo_anchor.py"
-    )
+    add_anchor_arg(p)
     p.add_argument("--gsm8k", type=Path, default=None)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--steps", type=int, default=2, help="timed steps per variant")
@@ -180,9 +177,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", default="", help="variants to profile one more step of")
     args = p.parse_args(argv)
     t_start = time.perf_counter()
-    if not args.anchor.exists():
-        args.anchor = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
-    a = _load_anchor(args.anchor)
+    a = load_anchor(anchor_path(args.anchor))
     if args.gsm8k is not None:
         use_gsm8k(a, args.gsm8k)
     from arbiter.trainer.grpo import build_optimizer, group_advantages
