@@ -39,7 +39,8 @@ from typing import Any
 
 from arbiter.keys import create
 from arbiter.procs import free_port, redis_process, service_process
-from bench.gateway import RawClient, _pct, _unique, cpu_seconds, started
+from bench.gateway import RawClient, _pct, _unique, started
+from bench.procstat import cpu_seconds
 from bench.verify import load_groups
 
 log = logging.getLogger("bench.auth")

@@ -52,6 +52,7 @@ from arbiter.procs import (
     uvicorn_process,
     wait_port,
 )
+from bench.procstat import cpu_seconds
 from bench.verify import load_groups
 
 log = logging.getLogger("bench.gateway")
@@ -95,12 +96,6 @@ class RawClient:
     async def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _pct(values: list[float], q: float) -> float:

@@ -46,6 +46,7 @@ from arbiter.services.judge.parsing import (
 from arbiter.services.judge.scoring import Judge
 from arbiter.services.judge.settings import JudgeSettings
 from arbiter.tiny_model import build
+from bench.procstat import cpu_seconds
 
 log = logging.getLogger("bench.judge")
 
@@ -208,12 +209,6 @@ def _uptime() -> str:
         return "?"
 
 
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def _measure(
     base_url: str, model: str, judge_url: str, judge_pid: int, items: int, conc: int, rounds: int
 ) -> dict[str, Any]:
@@ -238,9 +233,9 @@ async def _measure(
                     times[mode].append(await direct(base_url, model, component, bodies, conc, pool))
                     cpu[mode] += time.process_time() - c0
                 else:
-                    c0 = _cpu_s(judge_pid)
+                    c0 = cpu_seconds(judge_pid)
                     elapsed, k = await service(judge_url, component, gs, conc)
-                    cpu[mode] += _cpu_s(judge_pid) - c0
+                    cpu[mode] += cpu_seconds(judge_pid) - c0
                     times[mode].append(elapsed)
                     kinds.update(k)
         n = len(bodies)

@@ -44,6 +44,7 @@ from typing import Any
 import aiohttp
 
 from arbiter.procs import ManagedProcess, free_port, service_process
+from bench.procstat import tree, tree_cpu_seconds
 
 log = logging.getLogger("bench.verify")
 
@@ -135,10 +136,10 @@ def _pool_run(
     with mp.get_context("forkserver").Pool(processes, initializer=_pool_init) as pool:
         pool.map(fn, tasks[:200], chunksize=16)  # warm-up: imports, caches
         pids = [p.pid for p in pool._pool]  # type: ignore[attr-defined]
-        cpu0, start = _cpu_seconds(pids) + time.process_time(), time.perf_counter()
+        cpu0, start = tree_cpu_seconds(pids) + time.process_time(), time.perf_counter()
         results = pool.map(fn, tasks, chunksize=64)
         elapsed = time.perf_counter() - start
-        cpu = _cpu_seconds(pids) + time.process_time() - cpu0
+        cpu = tree_cpu_seconds(pids) + time.process_time() - cpu0
     return {"responses": len(tasks), "seconds": elapsed, "rps": len(tasks) / elapsed,
             "correct": sum(results), "cpu_s": cpu,
             "cpu_us_per_response": cpu / len(tasks) * 1e6}  # fmt: skip
@@ -164,31 +165,6 @@ def baselines(
 
 
 # ------------------------------------------------------------------ service
-
-
-def _cpu_seconds(pids: list[int]) -> float:
-    """User + system CPU time of processes (and their reaped children), from /proc."""
-    total = 0.0
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-    return total
-
-
-def _tree(pid: int) -> list[int]:
-    """``pid`` and every process below it (uvicorn, the forkserver, pool workers)."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(stat.parent.name))
-    out, todo = [pid], [pid]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        out.extend(kids)
-        todo.extend(kids)
-    return out
 
 
 async def _drive(
@@ -235,10 +211,10 @@ def _measure(
     concurrency: int,
 ) -> dict[str, float]:  # fmt: skip
     assert proc.proc is not None
-    pids = _tree(proc.proc.pid)
-    cpu0 = _cpu_seconds(pids)
+    pids = tree(proc.proc.pid)
+    cpu0 = tree_cpu_seconds(pids)
     out = asyncio.run(_drive(url, groups, per_request, concurrency))
-    out["service_cpu_s"] = _cpu_seconds(pids) - cpu0
+    out["service_cpu_s"] = tree_cpu_seconds(pids) - cpu0
     out["cpu_us_per_response"] = out["service_cpu_s"] / out["responses"] * 1e6
     out["per_request"] = per_request * GROUP
     out["concurrency"] = concurrency
