@@ -43,6 +43,10 @@ VARIANTS: dict[str, dict[str, Any]] = {  # in the order they run by default
     "compile_mb2_none": dict(mbs=2, ckpt="none", trim=True, compile=True),
     "compile_mb1_none": dict(mbs=1, ckpt="none", trim=True, compile=True),
     "compile_mb2_ckpt4": dict(mbs=2, ckpt=4, trim=True, compile=True),
+    # each group's prompt run once (trainer.prefix); with fewer tokens, room to keep some layers
+    "shared": dict(mbs=8, ckpt="all", trim=True, compile=True, shared=True),
+    "shared_mb16": dict(mbs=16, ckpt="all", trim=True, compile=True, shared=True),
+    "shared_keep4": dict(mbs=8, ckpt="keep4", trim=True, compile=True, shared=True),
 }
 
 
@@ -52,12 +56,16 @@ def _reset_peak() -> None:
 
 
 def set_checkpointing(model: Any, ckpt: str | int) -> None:
-    """all / none / every k-th decoder layer recomputed in backward (the rest keep theirs)."""
+    """all / none / every k-th decoder layer recomputed in backward (the rest keep theirs) /
+    ``keepK``: every K-th layer keeps its activations (the rest recomputed)."""
     from arbiter.trainer.setup import enable_gradient_checkpointing
 
     enable_gradient_checkpointing(model)
+    keep = int(ckpt[4:]) if isinstance(ckpt, str) and ckpt.startswith("keep") else 0
     for i, layer in enumerate(model.model.layers):
-        layer.gradient_checkpointing = ckpt == "all" or (isinstance(ckpt, int) and i % ckpt == 0)
+        layer.gradient_checkpointing = (
+            ckpt == "all" or (isinstance(ckpt, int) and i % ckpt == 0) or (keep and i % keep != 0)
+        )
 
 
 def run_variant(
@@ -76,7 +84,7 @@ def run_variant(
 
     cfg = TrainerConfig(model=a.MDIR, rollouts_per_step=a.NSEQ, group_size=a.G, lr=1e-6,
                         beta=0.0, micro_batch_size=v["mbs"], compile_train=v["compile"],
-                        max_new_tokens=a.MAX_NEW)  # fmt: skip
+                        max_new_tokens=a.MAX_NEW, shared_prefix=v.get("shared", False))  # fmt: skip
     set_checkpointing(model, v["ckpt"])
     times, stats = [], {}
     _reset_peak()
@@ -118,23 +126,28 @@ def run_variant(
 
 def logprob_agreement(model: Any, roll: Any) -> dict[str, Any]:
     """One micro-batch's log-probs and the head's weight gradient: eager + padded against
-    eager + trimmed and compiled + trimmed (bf16: each way rounds differently; this bounds
-    how differently)."""
+    eager + trimmed, compiled + trimmed, and shared prefix (eager and compiled) (bf16: each
+    way rounds differently; this bounds how differently)."""
     from arbiter.trainer.logprobs import completion_logprobs, trim_padding
 
     ids, attn, mask = roll.input_ids[:8], roll.attention_mask[:8], roll.loss_mask[:8]
     n = mask.shape[1]
     out = []
-    ways = ((False, False), (True, False), (True, True))[: 3 if CUDA else 2]  # compile: GPU
-    for trim, compile in ways:
+    names: tuple[str, ...] = ("eager_trimmed", "compiled_trimmed", "shared_prefix",
+                              "shared_prefix_compiled")  # fmt: skip
+    ways = [(False, False, False), (True, False, False), (True, True, False), (True, False, True),
+            (True, True, True)]  # fmt: skip
+    if not CUDA:  # compiled: GPU only
+        ways, names = [w for w in ways if not w[1]], ("eager_trimmed", "shared_prefix")
+    for trim, compile, shared in ways:
         model.zero_grad(set_to_none=True)
         x, m, k = trim_padding(ids, attn, mask) if trim else (ids, attn, n)
-        lp, _ = completion_logprobs(model, x, m, k, compile=compile)
+        lp, _ = completion_logprobs(model, x, m, k, compile=compile, shared_prefix=shared)
         lp.sum().backward()
         out.append((lp.detach().float(), model.lm_head.weight.grad.float().clone()))
     model.zero_grad(set_to_none=True)
     res: dict[str, Any] = {"logp_mean": round(float(out[0][0].mean()), 4)}
-    for name, (lp1, g1) in zip(("eager_trimmed", "compiled_trimmed"), out[1:], strict=False):
+    for name, (lp1, g1) in zip(names, out[1:], strict=True):
         lp0, g0 = out[0]
         cos = torch.nn.functional.cosine_similarity(g0.flatten(), g1.flatten(), dim=0)
         res[name] = {

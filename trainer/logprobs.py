@@ -31,6 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from arbiter.trainer import prefix
+
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[targets]: (S, N, V), (S, N) -> (S, N), in fp32."""
@@ -66,13 +68,21 @@ def completion_logprobs(
     *,
     chunk_tokens: int = 1024,
     compile: bool = False,
+    shared_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (S, N) fp32 of the last ``n_completion`` tokens of ``input_ids`` (S, P + N),
     with gradient, and their entropies (S, N) fp32, without gradient.
 
     ``chunk_tokens`` = 0 computes the whole logits tensor at once (the plain way).
-    ``compile``: torch.compile the decoder layers and the chunked head (GPU only)."""
+    ``compile``: torch.compile the decoder layers and the chunked head (GPU only).
+    ``shared_prefix``: rows with the same prompt run it once (``trainer.prefix``; chunked head
+    and supported models only, else the plain forward). Values at completion positions after
+    a row's last real token are then not the plain forward's (they carry no loss)."""
     targets = input_ids[:, -n_completion:]
+    if shared_prefix and chunk_tokens > 0 and prefix.supported(_unwrap(model)):
+        plan = prefix.plan(input_ids, attention_mask, n_completion)
+        if plan is not None:
+            return _shared_prefix_logprobs(model, plan, targets, chunk_tokens, compile)
     with _compiled_layers(model, compile):
         if chunk_tokens <= 0:
             logits = completion_logits(model, input_ids, attention_mask, n_completion)
@@ -82,6 +92,31 @@ def completion_logprobs(
         with _head_returns_logprobs(head, targets, chunk_tokens, entropy, compile):
             out = model(**_forward_kwargs(input_ids, attention_mask, n_completion))
     return out.logits, entropy[0]
+
+
+def _shared_prefix_logprobs(
+    model: Any, plan: prefix.Plan, targets: torch.Tensor, chunk_tokens: int, compile: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``completion_logprobs`` through ``trainer.prefix``: the model's forward is swapped for
+    one call (so a DDP or FSDP2 wrapper's hooks run as usual) for the two-stream forward and
+    the chunked head."""
+    inner = _unwrap(model)
+    head = inner.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError(
+            "chunked log-probs need a bias-free output head; set logprob_chunk_tokens=0"
+        )
+
+    def forward(*_: Any, **__: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = prefix.hidden_states(inner, plan, compile)
+        return chunked_logprobs(hidden, head.weight, targets, chunk_tokens, compile)
+
+    inner.forward = forward
+    try:
+        logps, ent = model(plan.comp_ids)
+    finally:
+        del inner.forward
+    return logps, ent
 
 
 def trim_padding(

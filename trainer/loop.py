@@ -181,9 +181,13 @@ def produce(run: Run, step: int) -> Pending:
     t1 = time.perf_counter()
     mbs, chunk = cfg.micro_batch_size, cfg.logprob_chunk_tokens
     if cfg.mu > 1 or cfg.pipeline:  # else the ratio is exactly 1: reuse detached log-probs
-        roll.old_logps = sequence_logprobs(run.policy, roll, mbs, run.precision, chunk)
+        roll.old_logps = sequence_logprobs(
+            run.policy, roll, mbs, run.precision, chunk, shared_prefix=cfg.shared_prefix
+        )
     if run.ref is not None:
-        roll.ref_logps = sequence_logprobs(run.ref, roll, mbs, run.precision, chunk)
+        roll.ref_logps = sequence_logprobs(
+            run.ref, roll, mbs, run.precision, chunk, shared_prefix=cfg.shared_prefix
+        )
     return Pending(roll, future, gen_s, time.perf_counter() - t1)
 
 

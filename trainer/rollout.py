@@ -152,9 +152,16 @@ def collate(
 
 @torch.no_grad()
 def sequence_logprobs(
-    model: Any, rollout: Rollout, micro_batch_size: int, precision: str, chunk_tokens: int = 1024
+    model: Any,
+    rollout: Rollout,
+    micro_batch_size: int,
+    precision: str,
+    chunk_tokens: int = 1024,
+    *,
+    shared_prefix: bool = False,
 ) -> torch.Tensor:
-    """Per-token log-probs of the completion tokens under ``model``: (S, N), fp32."""
+    """Per-token log-probs of the completion tokens under ``model``: (S, N), fp32 (the
+    training forward's path: ``shared_prefix`` as in ``completion_logprobs``)."""
     was_training = model.training
     model.eval()
     N = rollout.n_completion
@@ -165,7 +172,9 @@ def sequence_logprobs(
             sl = slice(s, s + micro_batch_size)
             ids, attn, n = trimmed(rollout.input_ids[sl], rollout.attention_mask[sl], N, spans[k])
             with autocast(ids.device, precision):
-                logps, _ = completion_logprobs(model, ids, attn, n, chunk_tokens=chunk_tokens)
+                logps, _ = completion_logprobs(
+                    model, ids, attn, n, chunk_tokens=chunk_tokens, shared_prefix=shared_prefix
+                )
             out.append(torch.nn.functional.pad(logps, (0, N - n)))  # 0 past the last action
     finally:
         model.train(was_training)

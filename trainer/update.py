@@ -57,8 +57,10 @@ def train_on_batch(
                 ids, attn, n = trimmed(ids, attn, N, spans[k])
             with grad_sync(model, k == len(starts) - 1), autocast(device, precision):
                 logps, ent = completion_logprobs(
-                    model, ids, attn, n, chunk_tokens=cfg.logprob_chunk_tokens, compile=compile
-                )  # (mbs, n) each; the dropped columns (no loss token) get 0
+                    model, ids, attn, n, chunk_tokens=cfg.logprob_chunk_tokens, compile=compile,
+                    shared_prefix=cfg.shared_prefix,
+                )  # fmt: skip
+                # (mbs, n) each; the dropped columns (no loss token) get 0
                 logps, ent = F.pad(logps, (0, N - n)), F.pad(ent, (0, N - n))
                 old = roll.old_logps[sl] if roll.old_logps is not None else logps.detach()
                 ref = roll.ref_logps[sl] if roll.ref_logps is not None else None
