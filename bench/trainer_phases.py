@@ -216,6 +216,24 @@ def time_sampler(
     }
 
 
+def run_tokens(roll: Any, micro_batch: int, shared_prefix: bool) -> int:
+    """Tokens the training forward runs: the real ones, less, with ``shared_prefix``, the
+    prompt tokens of rows whose prompt another row of their micro-batch already runs."""
+    total = int(roll.attention_mask.sum())
+    if not shared_prefix:
+        return total
+    p = roll.input_ids.shape[1] - roll.loss_mask.shape[1]
+    for s in range(0, len(roll.input_ids), micro_batch):
+        ids, mask = (
+            roll.input_ids[s : s + micro_batch, :p],
+            roll.attention_mask[s : s + micro_batch, :p],
+        )
+        key = ids.masked_fill(~mask.bool(), -1)
+        uniq = torch.unique(key, dim=0)
+        total -= int(mask.sum()) - int((uniq >= 0).sum())
+    return total
+
+
 # spec-sheet peaks (dense bf16 tensor FLOP/s, HBM bytes/s) of the SXM cards, by name
 CARDS = {"H100": (989e12, 3.35e12), "H200": (989e12, 4.8e12)}
 
@@ -227,8 +245,9 @@ def card_limits(
     included) against (bf16 weights + KV cache) bytes / HBM bandwidth, and the train step's
     model FLOPs utilisation (6 x matmul parameters x sequence tokens, attention left out):
     ``train_mfu`` counts the padded batch's tokens, ``train_mfu_real_tokens`` only the real
-    ones (prompt and completion; the step drops padding that no row of a micro-batch needs,
-    so this is the useful work)."""
+    ones (prompt and completion; the step drops padding that no row of a micro-batch needs),
+    ``train_mfu_run_tokens`` those the forward runs (each group's prompt once with
+    ``shared_prefix``: the work actually done)."""
     name = card
     peak = next((v for k, v in CARDS.items() if k in name), None)
     if peak is None or not steady:
@@ -241,7 +260,7 @@ def card_limits(
     layers, kv = cfg.num_hidden_layers, cfg.num_key_value_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     out: dict[str, Any] = {"card": name, "peak_flops": flops, "hbm_bytes_per_s": bandwidth}
-    decode_ms, bound_ms, mfu, mfu_real = [], [], [], []
+    decode_ms, bound_ms, mfu, mfu_real, mfu_run = [], [], [], [], []
     for r in steady:
         n = r["decode_steps"]
         ctx = prompt_len + n / 2  # mean cache length read per decode step
@@ -250,10 +269,12 @@ def card_limits(
         bound_ms.append(1000 * (matmul * 2 + kv_bytes) / bandwidth)
         mfu.append(6 * matmul * r["seq_tokens"] / r["train_s"] / flops)
         mfu_real.append(6 * matmul * r.get("real_tokens", r["seq_tokens"]) / r["train_s"] / flops)
+        mfu_run.append(6 * matmul * r.get("run_tokens", r["seq_tokens"]) / r["train_s"] / flops)
     dec, bound = sum(decode_ms) / len(decode_ms), sum(bound_ms) / len(bound_ms)
     out["decode_ms_per_step"] = round(dec, 3)
     out["decode_bound_ms_per_step"] = round(bound, 6)
     out["decode_x_of_bound"] = round(dec / bound, 2)
     out["train_mfu"] = round(sum(mfu) / len(mfu), 4)
     out["train_mfu_real_tokens"] = round(sum(mfu_real) / len(mfu_real), 4)
+    out["train_mfu_run_tokens"] = round(sum(mfu_run) / len(mfu_run), 4)
     return out

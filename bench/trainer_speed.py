@@ -8,21 +8,15 @@ the anchor's shape (default 0.48 B: hidden 1024, 24 layers, 16 heads, 2 KV heads
 temperature 1, top_p 1, length reward, beta 0, token-mean loss, AdamW lr 1e-6, grad-norm
 clip 1.0, one optimizer step per batch (mu = 1: old log-probs = detached current).
 
-Phases (``--phases``, default all): ``check`` (CUDA graph vs eager greedy ids identical; mean
-NLL of our samples vs HF generate's under the training forward), ``hf`` (plain
-``model.generate``), ``ours`` (the samplers alone, then full GRPO steps through the
-trainer's own ``train_on_batch``), ``trl``; ``ours_fast`` (the GRPO steps again with the
-KV cache kept between rollouts and micro-batches of 16: speed over memory).
-
-    python -m bench.trainer_speed [--anchor PATH] [--steps 16] [--phases check,hf,ours,trl]
-
-The seed's scale (issue 14): Qwen2.5-1.5B config, 32 prompts x G=8, 512 new tokens, with the
-memory settings on (micro-batches of 16, chunked log-probs, gradient checkpointing), TRL at
-per-device batch 16 x accumulation 16:
+Phases (``--phases``, default all): ``check`` (graph vs eager greedy ids; NLL of our samples
+vs HF generate's), ``hf`` (plain ``model.generate``), ``ours`` (the samplers alone, then full
+GRPO steps through the trainer's ``train_on_batch``), ``trl``; ``ours_fast`` (the GRPO steps
+again, KV cache kept between rollouts, micro-batches of 16). The seed's scale (issue 14):
 
     ANCHOR_SHAPE=qwen2.5-1.5b ANCHOR_PROMPTS=32 ANCHOR_G=8 ANCHOR_NEW=512 ANCHOR_TRL_BS=16 \
-      python -m bench.trainer_speed --phases ours,trl --steps 4 --micro-batch 16 \
-      --gradient-checkpointing --trl-batch 16 --gsm8k ../shared/data/gsm8k/train.jsonl
+      python -m bench.trainer_speed --phases ours,trl --steps 4 --micro-batch 8 \
+      --gradient-checkpointing --free-sampler-cache --trl-batch 16 \
+      --gsm8k ../shared/data/gsm8k/train.jsonl
 
 Writes ``$OUT/trainer_speed.json`` (rewritten after each phase) and prints a table last.
 ``ANCHOR_SMALL=1`` shrinks everything for a CPU smoke test (as in the anchor).
@@ -50,6 +44,7 @@ from bench.trainer_phases import (
     phase_check,
     phase_hf,
     prompts,
+    run_tokens,
     sync,
     time_sampler,
     use_gsm8k,
@@ -126,11 +121,13 @@ def _grpo_steps(
         logprob_chunk_tokens=opts.logprob_chunk,
         gradient_checkpointing=opts.gradient_checkpointing,
         compile_train=opts.compile_train,
+        shared_prefix=opts.shared_prefix,
         max_new_tokens=a.MAX_NEW,
     )
     res: dict[str, Any] = {
         "loss_code": "arbiter.trainer.update.train_on_batch",
         "compile_train": opts.compile_train and dev == "cuda",
+        "shared_prefix": opts.shared_prefix,
     }
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
@@ -186,6 +183,7 @@ def _grpo_steps(
                 "decode_steps": int(ids.shape[1]),
                 "seq_tokens": int(roll.input_ids.numel()),
                 "real_tokens": int(roll.attention_mask.sum()),
+                "run_tokens": run_tokens(roll, cfg.micro_batch_size, cfg.shared_prefix),
             }
         )
         print("step", rows[-1], flush=True)
@@ -267,6 +265,12 @@ def main(argv: list[str] | None = None) -> None:
         dest="compile_train",
         action="store_false",
         help="GRPO steps with the eager training forward (default: compile_train on GPU)",
+    )
+    p.add_argument(
+        "--no-shared-prefix",
+        dest="shared_prefix",
+        action="store_false",
+        help="GRPO steps with every row's prompt in the training forward (default: shared)",
     )
     p.add_argument(
         "--free-sampler-cache",

@@ -40,7 +40,7 @@ def test_plan_splits_the_distinct_prompts_and_keeps_the_plain_positions() -> Non
     assert pl is not None
     assert pl.prompt_ids.shape == (2, 6)  # no padding shared by both prompts: none dropped
     assert sorted(pl.inverse.tolist()) == [0, 0, 0, 1, 1, 1]
-    assert pl.prompt_mask is not None  # the second prompt is padded: explicit masks
+    assert pl.mask is not None  # the second prompt is padded: an explicit mask
     plain = (attn.cumsum(-1) - 1).clamp(min=0)
     comp = pl.positions[2 * 6 :].view(6, 4)
     torch.testing.assert_close(comp, plain[:, 6:])
@@ -53,7 +53,7 @@ def test_plan_splits_the_distinct_prompts_and_keeps_the_plain_positions() -> Non
     attn[:, :2] = 0
     pl = prefix.plan(ids, attn, 3)
     assert pl is not None and pl.prompt_ids.shape == (1, 3)
-    assert pl.prompt_mask is None and pl.comp_mask is None
+    assert pl.mask is None
 
 
 def test_no_plan_when_no_prompt_repeats() -> None:
