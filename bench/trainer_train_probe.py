@@ -47,6 +47,7 @@ VARIANTS: dict[str, dict[str, Any]] = {  # in the order they run by default
     "shared": dict(mbs=8, ckpt="all", trim=True, compile=True, shared=True),
     "shared_mb16": dict(mbs=16, ckpt="all", trim=True, compile=True, shared=True),
     "shared_keep4": dict(mbs=8, ckpt="keep4", trim=True, compile=True, shared=True),
+    "shared_mb32": dict(mbs=32, ckpt="all", trim=True, compile=True, shared=True),
 }
 
 

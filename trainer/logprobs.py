@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -68,7 +68,7 @@ def completion_logprobs(
     *,
     chunk_tokens: int = 1024,
     compile: bool = False,
-    shared_prefix: bool = False,
+    shared_prefix: bool | prefix.Plan = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (S, N) fp32 of the last ``n_completion`` tokens of ``input_ids`` (S, P + N),
     with gradient, and their entropies (S, N) fp32, without gradient.
@@ -76,13 +76,15 @@ def completion_logprobs(
     ``chunk_tokens`` = 0 computes the whole logits tensor at once (the plain way).
     ``compile``: torch.compile the decoder layers and the chunked head (GPU only).
     ``shared_prefix``: rows with the same prompt run it once (``trainer.prefix``; chunked head
-    and supported models only, else the plain forward). Values at completion positions after
-    a row's last real token are then not the plain forward's (they carry no loss)."""
+    and supported models only, else the plain forward); True plans it here, or pass the plan
+    (``micro_batches`` makes them ahead). Values at completion positions after a row's last
+    real token are then not the plain forward's (they carry no loss)."""
     targets = input_ids[:, -n_completion:]
-    if shared_prefix and chunk_tokens > 0 and prefix.supported(_unwrap(model)):
+    plan = shared_prefix if isinstance(shared_prefix, prefix.Plan) else None
+    if shared_prefix is True and chunk_tokens > 0 and prefix.supported(_unwrap(model)):
         plan = prefix.plan(input_ids, attention_mask, n_completion)
-        if plan is not None:
-            return _shared_prefix_logprobs(model, plan, targets, chunk_tokens, compile)
+    if plan is not None:
+        return _shared_prefix_logprobs(model, plan, targets, chunk_tokens, compile)
     with _compiled_layers(model, compile):
         if chunk_tokens <= 0:
             logits = completion_logits(model, input_ids, attention_mask, n_completion)
@@ -117,6 +119,41 @@ def _shared_prefix_logprobs(
     finally:
         del inner.forward
     return logps, ent
+
+
+class MicroBatch(NamedTuple):
+    rows: slice
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    n: int  # completion columns kept
+    plan: prefix.Plan | None  # shared prefix
+
+
+def micro_batches(
+    model: Any,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    loss_mask: torch.Tensor,
+    size: int,
+    *,
+    trim: bool = True,
+    shared_prefix: bool = False,
+    chunk_tokens: int = 1024,
+) -> list[MicroBatch]:
+    """The batch's micro-batches of ``size`` rows, trimmed (``trim_spans``) and with their
+    shared-prefix plans, all made before any of them runs: their host syncs would otherwise
+    wait, every micro-batch, for the GPU work queued ahead."""
+    n = loss_mask.shape[1]
+    spans = trim_spans(attention_mask, loss_mask, size) if trim else []
+    share = shared_prefix and chunk_tokens > 0 and prefix.supported(_unwrap(model))
+    out = []
+    for k, s in enumerate(range(0, len(input_ids), size)):
+        sl = slice(s, s + size)
+        ids, attn, keep = input_ids[sl], attention_mask[sl], n
+        if trim:
+            ids, attn, keep = trimmed(ids, attn, n, spans[k])
+        out.append(MicroBatch(sl, ids, attn, keep, prefix.plan(ids, attn, keep) if share else None))
+    return out
 
 
 def trim_padding(

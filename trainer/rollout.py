@@ -20,7 +20,7 @@ import torch
 
 from arbiter.trainer.data import Problem, chat_messages, render_prompt
 from arbiter.trainer.generation import Sampler
-from arbiter.trainer.logprobs import completion_logprobs, trim_spans, trimmed
+from arbiter.trainer.logprobs import completion_logprobs, micro_batches
 from arbiter.trainer.sampling import SamplingParams
 
 
@@ -167,13 +167,14 @@ def sequence_logprobs(
     N = rollout.n_completion
     out = []
     try:
-        spans = trim_spans(rollout.attention_mask, rollout.loss_mask, micro_batch_size)
-        for k, s in enumerate(range(0, len(rollout), micro_batch_size)):
-            sl = slice(s, s + micro_batch_size)
-            ids, attn, n = trimmed(rollout.input_ids[sl], rollout.attention_mask[sl], N, spans[k])
+        parts = micro_batches(
+            model, rollout.input_ids, rollout.attention_mask, rollout.loss_mask,
+            micro_batch_size, shared_prefix=shared_prefix, chunk_tokens=chunk_tokens,
+        )  # fmt: skip
+        for _, ids, attn, n, plan in parts:
             with autocast(ids.device, precision):
                 logps, _ = completion_logprobs(
-                    model, ids, attn, n, chunk_tokens=chunk_tokens, shared_prefix=shared_prefix
+                    model, ids, attn, n, chunk_tokens=chunk_tokens, shared_prefix=plan or False
                 )
             out.append(torch.nn.functional.pad(logps, (0, N - n)))  # 0 past the last action
     finally:

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from arbiter.trainer.config import TrainerConfig
 from arbiter.trainer.grpo import grpo_loss
-from arbiter.trainer.logprobs import completion_logprobs, trim_spans, trimmed
+from arbiter.trainer.logprobs import completion_logprobs, micro_batches
 from arbiter.trainer.parallel import clip_grad_norm, grad_sync, is_sharded
 from arbiter.trainer.rollout import Rollout, autocast
 
@@ -36,7 +36,7 @@ def train_on_batch(
     """mu passes of clipped-surrogate updates of ``model`` (the policy, sharded or not, or
     its DDP wrapper); returns summed token statistics. ``trim``: drop each micro-batch's
     unneeded padding columns (exact; False only to measure what it saves)."""
-    S, N, mbs = len(roll), roll.n_completion, cfg.micro_batch_size
+    N, mbs = roll.n_completion, cfg.micro_batch_size
     device = roll.input_ids.device
     lens = roll.loss_mask.sum(-1)
     tokens, seqs = dist.all_sum([float(lens.sum()), float((lens > 0).sum())], device)
@@ -45,20 +45,18 @@ def train_on_batch(
     acc: dict[str, Any] = {k: torch.zeros((), device=device) for k in names}
     grad_norm = 0.0
     compile = train_compiled(cfg, model, device)
-    starts = list(range(0, S, mbs))
-    spans = trim_spans(roll.attention_mask, roll.loss_mask, mbs) if trim else []
+    mbatches = micro_batches(
+        model, roll.input_ids, roll.attention_mask, roll.loss_mask, mbs, trim=trim,
+        shared_prefix=cfg.shared_prefix, chunk_tokens=cfg.logprob_chunk_tokens,
+    )  # fmt: skip
     for it in range(cfg.mu):
         opt.zero_grad(set_to_none=True)
-        for k, s in enumerate(starts):
-            sl = slice(s, s + mbs)
-            ids, attn, mask = roll.input_ids[sl], roll.attention_mask[sl], roll.loss_mask[sl]
-            n = N
-            if trim:
-                ids, attn, n = trimmed(ids, attn, N, spans[k])
-            with grad_sync(model, k == len(starts) - 1), autocast(device, precision):
+        for k, (sl, ids, attn, n, plan) in enumerate(mbatches):
+            mask = roll.loss_mask[sl]
+            with grad_sync(model, k == len(mbatches) - 1), autocast(device, precision):
                 logps, ent = completion_logprobs(
                     model, ids, attn, n, chunk_tokens=cfg.logprob_chunk_tokens, compile=compile,
-                    shared_prefix=cfg.shared_prefix,
+                    shared_prefix=plan or False,
                 )  # fmt: skip
                 # (mbs, n) each; the dropped columns (no loss token) get 0
                 logps, ent = F.pad(logps, (0, N - n)), F.pad(ent, (0, N - n))
