@@ -3,12 +3,14 @@
 Issue 14's rollout (Qwen2.5-1.5B config, 32 GSM8K prompts x G=8 = 256 rows, 512 new tokens,
 T=1, bf16; the anchor's model and prompts): the compiled + graphed sampler as it was
 (``length_round=0``, ``share_prompts``, ``blocked_draw`` off) against the current one, then
-each shortcut left out once. Checks, on the same card: greedy ids of the graphed and the eager
+each shortcut left out once, and the decode attention fused (flex attention or SDPA)
+instead of eager. Checks, on the same card: greedy ids of the graphed and the eager
 sampler identical (uncompiled, as ``bench.trainer_speed --phases check``); greedy ids of the
-compiled sampler before and after (rows equal, first divergence: bf16 rounding may differ);
-mean NLL under the training forward of 256 x 512 samples from before, after and HF
-``generate`` (same distribution: differences within a few standard errors); a kernel table of
-10 decode steps of each (graph replays at a 512-slot and the full cache). Peak memory of
+compiled sampler "after" against "before" and "after_flex_attention", those run (rows equal,
+first divergence: bf16 rounding may differ); mean NLL under the training forward of 256 x 512
+samples from each of those and HF ``generate`` (same distribution: differences within a few
+standard errors); a kernel table of 10 decode steps of each (graph replays at a 512-slot and
+the full cache; first row: all kernels). Peak memory of
 each sampler call. Writes ``$OUT/trainer_sampler_probe.json`` after every part.
 
     ANCHOR_SHAPE=qwen2.5-1.5b ANCHOR_PROMPTS=32 ANCHOR_G=8 ANCHOR_NEW=512 \\
@@ -44,7 +46,10 @@ VARIANTS: dict[str, dict[str, Any]] = {  # name -> Sampler options (compiled + g
     "after_whole_cache": {"length_round": 0},
     "after_no_blocked_draw": {"blocked_draw": False},
     "after_no_share_prompts": {"share_prompts": False},
+    "after_flex_attention": {"attention": "flex"},  # one fused decode-attention kernel
+    "after_sdpa_attention": {"attention": "sdpa"},
 }
+CHECKED = ("before", "after", "after_flex_attention")  # sampled, greedy, kernel tables
 
 
 def nll(
@@ -93,7 +98,8 @@ def kernel_table(sampler: Any, s: int | None = None, steps: int = 10) -> list[di
             rows.append({"kernel": ev.key[:120], "us_per_step": round(t / steps, 1),
                          "calls_per_step": ev.count / steps})  # fmt: skip
     rows.sort(key=lambda r: -r["us_per_step"])
-    return rows[:30]
+    total = round(sum(r["us_per_step"] for r in rows), 1)
+    return [{"kernel": "(all kernels)", "us_per_step": total}, *rows[:30]]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -145,9 +151,10 @@ def main(argv: list[str] | None = None) -> None:
             r["first_call_s"] = round(time.perf_counter() - t - 2 * r["s"], 1)
             r["compiled"] = sampler.compiled
             r["draw_compiled"] = sampler.blocked_draw_compiles
+            r["attention"] = sampler.attention
             if dev == "cuda":
                 r["peak_GiB"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-            if name in ("before", "after"):
+            if name in CHECKED:
                 gen = torch.Generator(device=dev).manual_seed(0)
                 samples[name] = sampler(p_ids, p_mask, SamplingParams(n, generator=gen, **kw))
                 greedy[name] = sampler(p_ids, p_mask, SamplingParams(n, temperature=0.0, **kw))[0]
@@ -161,19 +168,19 @@ def main(argv: list[str] | None = None) -> None:
         print(name, {k: v for k, v in r.items() if not k.startswith("kernels")}, flush=True)
         dump()
 
-    if "before" in greedy and "after" in greedy:
-        b, c = greedy["before"], greedy["after"]
+    for ref in (x for x in CHECKED if x != "after" and x in greedy and "after" in greedy):
+        b, c = greedy[ref], greedy["after"]
         w = min(b.shape[1], c.shape[1])
         diff = b[:, :w] != c[:, :w]
         first = torch.where(diff.any(1), diff.float().argmax(1), torch.full_like(diff[:, 0], w,
                             dtype=torch.long))  # fmt: skip
-        res["greedy_before_vs_after"] = {
+        res[f"greedy_{ref}_vs_after"] = {
             "rows_identical": int((~diff.any(1)).sum()),
             "rows": int(b.shape[0]),
             "mean_first_divergence": round(float(first.float().mean()), 1),
             "min_first_divergence": int(first.min()),
         }
-        print("greedy before vs after", res["greedy_before_vs_after"], flush=True)
+        print(f"greedy {ref} vs after", res[f"greedy_{ref}_vs_after"], flush=True)
         dump()
     with torch.no_grad():
         out_hf = model.generate(

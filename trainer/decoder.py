@@ -4,15 +4,29 @@ Used by ``trainer.generation.Sampler`` (``prefill`` for the prompts, ``forward``
 the prompts and each decode step): it reuses the model's own modules (norms,
 projections, MLP, embeddings, rotary tables) and reads the live parameters, so optimizer
 updates are seen by captured CUDA graphs without re-capture. Numerics follow HF's eager
-attention (scores in the model dtype, softmax in float32).
+attention (scores in the model dtype, softmax in float32: ``eager_attention``, which
+materialises the (B, heads, T, S) scores). A decode step (T == 1) may instead attend with one
+fused kernel, ``fused_attention`` (``forward(attention="flex" | "sdpa")``): each KV head's G
+query heads become G query rows of that head, so flex attention's decoding kernel (which wants
+a power-of-two head group) reads each row's K and V once; scores stay in float32 there (no
+rounding to the model dtype), so greedy ids may part from the eager path's after a while, as
+bf16 rounding does. Prefill (T > 1) always uses the eager attention. At the 1.5B decode
+shape on an H200 the fused kernel was no faster than the eager path's cuBLAS products (see
+bench/results/trainer_notes.md), so the sampler's default stays eager.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
+import torch.nn.functional as F
+from torch.nn.attention.flex_attention import flex_attention
 
+ATTENTIONS = ("eager", "flex", "sdpa")  # forward(attention=...); the last two only at T == 1
+# flex decoding's tile settings: torch 2.11's sm90 default (2 warps, 1 stage) streamed the
+# 1.5B decode shape's K/V at 2.75 TB/s on an H200, these at 3.37 (bench.trainer_flex_micro)
+FLEX_KERNEL_OPTIONS = {"num_stages": 2, "num_warps": 4}
 SUPPORTED_TYPES = {"qwen2", "qwen3", "llama", "mistral"}
 POSITION_FREE_ROPE = {"default", "linear", "llama3", "yarn"}
 
@@ -59,6 +73,58 @@ def rope_tables(
     return cos[0].to(dtype).contiguous(), sin[0].to(dtype).contiguous()
 
 
+def eager_attention(
+    q: torch.Tensor,  # (B, H, T, D)
+    keys: torch.Tensor,  # (B, KVH, S, D)
+    vals: torch.Tensor,
+    bias: torch.Tensor,  # (B, 1, 1, T, S) float32: 0, or the float32 minimum for masked slots
+    scale: float,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """(B, H, T, D) in ``dtype``, HF eager attention's numerics: scores in the cache dtype,
+    softmax in float32, probabilities in ``dtype``."""
+    b, h_q, t, d = q.shape
+    h_kv, s = keys.shape[1], keys.shape[2]
+    group = h_q // h_kv
+    qg = q.reshape(b, h_kv, group * t, d)
+    scores = torch.matmul(qg.to(keys.dtype), keys.transpose(-1, -2)) * scale
+    scores = scores.view(b, h_kv, group, t, s).float() + bias
+    probs = scores.softmax(dim=-1).to(dtype).view(b, h_kv, group * t, s)
+    return torch.matmul(probs, vals.to(probs.dtype)).view(b, h_q, t, d)
+
+
+def fused_attention(
+    q: torch.Tensor,  # (B, H, T, D)
+    keys: torch.Tensor,  # (B, KVH, S, D)
+    vals: torch.Tensor,
+    mask: torch.Tensor,  # (B, T, S) bool: the slot may be attended
+    scale: float,
+    kind: str = "flex",
+) -> torch.Tensor:
+    """(B, H, T, D) in the cache dtype, by one fused kernel (flex attention or SDPA) when
+    compiled on CUDA; eagerly (CPU) both materialise the scores. Every query must see at least
+    one slot. The G = H / KVH query heads of a KV head are G * T query rows of that head."""
+    b, h_q, t, d = q.shape
+    h_kv = keys.shape[1]
+    group = h_q // h_kv
+    qg = q.reshape(b, h_kv, group * t, d).to(keys.dtype)  # row g * T + i: head g, token i
+    if kind == "sdpa":
+        m = mask[:, None] if t == 1 else mask.repeat(1, group, 1)[:, None]
+        o = F.scaled_dot_product_attention(qg, keys, vals.to(keys.dtype), attn_mask=m, scale=scale)
+        return o.reshape(b, h_q, t, d)
+    if kind != "flex":
+        raise ValueError(f"attention kind {kind!r} not in ('flex', 'sdpa')")
+    neg = float("-inf")
+
+    def keep(score: Any, bi: Any, hi: Any, qi: Any, kv: Any) -> Any:
+        return torch.where(mask[bi, 0 if t == 1 else qi % t, kv], score, neg)
+
+    o = flex_attention(qg, keys, vals.to(keys.dtype), score_mod=keep, scale=scale,
+                       kernel_options=cast(Any, dict(FLEX_KERNEL_OPTIONS)))  # fmt: skip
+    assert isinstance(o, torch.Tensor)
+    return o.reshape(b, h_q, t, d)
+
+
 def forward(
     model: Any,
     ids: torch.Tensor,  # (B, T)
@@ -69,17 +135,18 @@ def forward(
     mask: torch.Tensor,  # (B, T, S) bool over the first S cache slots
     write: Any,  # write(cache, new) stores new K or V (B, KVH, T, D) into the cache
     last_only: bool,
+    attention: str = "eager",  # one of ATTENTIONS; "flex" and "sdpa" apply only when T == 1
 ) -> torch.Tensor:
     """Logits (B, V) float32 of the last position; K/V of the new tokens written to the cache."""
     inner = model.model
     h_q, h_kv, d = dims(model)
-    group = h_q // h_kv
     b, t = ids.shape
     s = mask.shape[-1]
+    fused = attention != "eager" and t == 1
     cos_t, sin_t = rope
     cos = cos_t[pos].unsqueeze(1)  # (B, 1, T, D)
     sin = sin_t[pos].unsqueeze(1)
-    neg = torch.finfo(torch.float32).min
+    neg = torch.finfo(torch.float32).min  # (the fused path leaves the bias unused)
     bias = torch.zeros(mask.shape, device=ids.device, dtype=torch.float32)
     bias = bias.masked_fill(~mask, neg)[:, None, None]  # (B, 1, 1, T, S)
     x = inner.embed_tokens(ids)
@@ -98,13 +165,11 @@ def forward(
         write(v_cache[li], v)
         keys = k_cache[li][:, :, :s]  # (B, KVH, S, D)
         vals = v_cache[li][:, :, :s]
-        # HF eager attention numerics: scores in the model dtype, softmax in float32
-        qg = q.reshape(b, h_kv, group * t, d)
-        scores = torch.matmul(qg.to(keys.dtype), keys.transpose(-1, -2)) * attn.scaling
-        scores = scores.view(b, h_kv, group, t, s).float() + bias
-        probs = scores.softmax(dim=-1).to(x.dtype).view(b, h_kv, group * t, s)
-        o = torch.matmul(probs, vals.to(probs.dtype))  # (B, KVH, G*T, D) -> (B, H, T, D)
-        o = o.view(b, h_q, t, d).transpose(1, 2).reshape(b, t, h_q * d)
+        if fused:
+            o = fused_attention(q, keys, vals, mask, attn.scaling, attention).to(x.dtype)
+        else:
+            o = eager_attention(q, keys, vals, bias, attn.scaling, x.dtype)
+        o = o.transpose(1, 2).reshape(b, t, h_q * d)  # (B, H, T, D) -> (B, T, H * D)
         x = x + attn.o_proj(o)
         x = x + layer.mlp(layer.post_attention_layernorm(x))
     if last_only:

@@ -30,10 +30,10 @@ capacity C rounded up so batches of similar length share one cache. Prompts are 
 eagerly, each distinct prompt once (whole rows, about 8k prompt tokens per forward, so the
 prefill's activations stay small beside the cache); each decode step (forward, sampling, EOS
 bookkeeping) is one CUDA-graph replay over static buffers, attending only to the cache's
-filled slots rounded up to 128 (one graph per such length), and the host checks "all rows
-done" only every few steps. Weights are read from the live parameters, so optimizer updates
-between calls are seen without re-capture.
-On CPU the same code runs eagerly (that is what the CPU tests exercise).
+filled slots rounded up to 128 (one graph per such length; ``Sampler(attention=...)``
+picks the attention kernels), and the host checks "all rows done" only every few steps.
+Weights are read from the live parameters, so optimizer updates between calls are seen
+without re-capture. On CPU the same code runs eagerly (that is what the CPU tests exercise).
 """
 
 from __future__ import annotations
@@ -102,7 +102,11 @@ class Sampler:
     distinct prompt is prefilled once and its K/V copied to its duplicates (GRPO's G copies);
     ``blocked_draw`` -- without top-p the categorical draw is ``sampling._draw``'s two-level
     inverse CDF, compiled into the decode step, instead of a full-vocabulary softmax and
-    cumulative sum.
+    cumulative sum. ``attention`` (decode steps; prefill is always eager): "eager" (default)
+    -- HF's numerics, the scores materialised between two cuBLAS products; "flex" / "sdpa" --
+    one fused kernel (``decoder.fused_attention``; float32 scores, not bit-identical); no
+    faster at the 1.5B shape on an H200 (bench/results/trainer_notes.md), so not the default.
+    If compiling a fused step fails, it falls back to the eager attention.
 
     The KV cache is sized from the batch actually sampled: its rows, and its longest prompt
     plus ``max_new_tokens`` rounded up to 64 slots. A graph is captured again whenever the
@@ -120,7 +124,10 @@ class Sampler:
         length_round: int = _LENGTH_ROUND,
         share_prompts: bool = True,
         blocked_draw: bool = True,
+        attention: str = "eager",
     ) -> None:
+        if attention not in decoder.ATTENTIONS:
+            raise ValueError(f"attention {attention!r} not in {decoder.ATTENTIONS}")
         self.model = model
         self.check_every = check_every
         self.keep_cache = keep_cache
@@ -151,6 +158,7 @@ class Sampler:
                 torch._dynamo.config.recompile_limit = max(limit, 64)
             self._decode_forward = torch.compile(self._forward, dynamic=False)
             self._decode_sample = torch.compile(self._forward_sample, dynamic=False)
+        self.attention = attention
 
     # ------------------------------------------------------------------ the decoder
     def _rope_tables(self, length: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -167,9 +175,8 @@ class Sampler:
         write: Any,  # write(cache, new) stores new K or V (B, KVH, T, D) into the cache
         last_only: bool,
     ) -> torch.Tensor:
-        return decoder.forward(
-            self.model, ids, pos, bk.extra["rope"], bk.k_cache, bk.v_cache, mask, write, last_only
-        )
+        return decoder.forward(self.model, ids, pos, bk.extra["rope"], bk.k_cache, bk.v_cache,
+                               mask, write, last_only, self.attention)  # fmt: skip
 
     def _forward_sample(
         self, bk: _Bucket, mask: torch.Tensor, write: Any, u: torch.Tensor, temperature: float
@@ -184,11 +191,9 @@ class Sampler:
 
     # ------------------------------------------------------------------ buffers and graphs
     def _bucket(self, b: int, c: int, n: int, temperature: float, top_p: float) -> _Bucket:
-        dtype = self.model.model.embed_tokens.weight.dtype
-        cache_dtype = dtype
-        dev_type = self.device.type
-        if torch.is_autocast_enabled(dev_type):  # e.g. fp32 master weights under bf16 autocast
-            cache_dtype = torch.get_autocast_dtype(dev_type)
+        dtype = cache_dtype = self.model.model.embed_tokens.weight.dtype
+        if torch.is_autocast_enabled(self.device.type):  # e.g. fp32 master weights, bf16 autocast
+            cache_dtype = torch.get_autocast_dtype(self.device.type)
         key = (b, c, n, float(temperature), float(top_p), cache_dtype)
         bk = self._buckets.get(key)
         if bk is not None:
@@ -197,8 +202,7 @@ class Sampler:
         while len(self._buckets) >= _MAX_BUCKETS:
             self._buckets.popitem(last=False)
         _, h_kv, d = decoder.dims(self.model)
-        dev = self.device
-        n_layers = len(self.model.model.layers)
+        dev, n_layers = self.device, len(self.model.model.layers)
 
         def zeros(*shape: int, dt: torch.dtype = torch.long) -> torch.Tensor:
             return torch.zeros(*shape, device=dev, dtype=dt)
@@ -258,7 +262,10 @@ class Sampler:
         except Exception as e:
             if not self.compiled:
                 raise
-            if self._fused(bk):
+            if self.attention != "eager":
+                log.warning("sampler: the fused attention failed (%s); eager attention", e)
+                self.attention = "eager"
+            elif self._fused(bk):
                 log.warning("sampler: compiling the draw failed (%s); drawing eagerly", e)
                 self.blocked_draw_compiles = False
             else:
@@ -306,11 +313,9 @@ class Sampler:
     def _fast(
         self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, params: SamplingParams
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        prompt_ids = prompt_ids.to(self.device)
-        prompt_mask = prompt_mask.to(self.device).bool()
+        prompt_ids, prompt_mask = prompt_ids.to(self.device), prompt_mask.to(self.device).bool()
         b, p = prompt_ids.shape
-        n = params.max_new_tokens
-        eos, pad = params.eos_token_id, params.pad_token_id
+        n, eos, pad = params.max_new_tokens, params.eos_token_id, params.pad_token_id
         c = -(-(p + n) // _CAPACITY_ROUND) * _CAPACITY_ROUND
         temperature, top_p = float(params.temperature), float(params.top_p)
         bk = self._bucket(b, c, n, temperature, top_p)
@@ -329,7 +334,6 @@ class Sampler:
                     self._capture_or_uncompile(bk, s)
         bk.extra["eos_t"].fill_(eos)
         bk.extra["pad_t"].fill_(pad)
-
         logits = decoder.prefill(
             self.model, bk.extra["rope"], bk.k_cache, bk.v_cache, prompt_ids, prompt_mask,
             share=self.share_prompts, tokens_per_forward=_PREFILL_TOKENS,
@@ -374,8 +378,7 @@ _STREAMS: dict[torch.device, Any] = {}
 
 def _warmup_stream(device: torch.device) -> Any:
     """One side stream per device for every capture's warm-up: cuBLAS keeps a workspace per
-    stream it ran on for the life of the process, and a new stream per capture (one per
-    attended length, every rollout when the cache is freed) would add one each time."""
+    stream it ran on for life, and a new stream per capture would add one each time."""
     if device not in _STREAMS:
         _STREAMS[device] = torch.cuda.Stream(device=device)
     return _STREAMS[device]

@@ -314,3 +314,39 @@ def test_shortcuts_keep_seeded_sampling(tiny: tuple[Any, Any]) -> None:
 
     old = Sampler(model, length_round=0, share_prompts=False, blocked_draw=False)
     assert torch.equal(run(Sampler(model)), run(old))
+
+
+@pytest.mark.parametrize("attention", ["flex", "sdpa"])
+def test_fused_decode_attention_keeps_the_greedy_ids(
+    tiny: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch, attention: str
+) -> None:
+    """The decode steps through ``decoder.fused_attention`` (eager here, float32 model): the
+    greedy ids are HF generate's; prefill keeps the eager attention."""
+    import arbiter.trainer.generation as generation
+
+    model, tok = tiny
+    ids, mask = _enc(tok, PROMPTS)
+    pad = tok.pad_token_id
+    ref = _hf_greedy(model, ids, mask, 40, eos=-1, pad=pad)
+    kinds: list[tuple[int, str]] = []  # (query tokens, attention) of each decoder forward
+    forward = generation.decoder.forward
+
+    def spy(model: Any, ids: torch.Tensor, *a: Any, **kw: Any) -> torch.Tensor:
+        kinds.append((ids.shape[1], a[7] if len(a) > 7 else kw.get("attention", "eager")))
+        return forward(model, ids, *a, **kw)
+
+    monkeypatch.setattr(generation.decoder, "forward", spy)
+    sampler = Sampler(model, attention=attention)
+    got, _ = sampler(ids, mask, SamplingParams(40, -1, pad, temperature=0.0))
+    assert torch.equal(got, ref)
+    assert kinds[0] == (ids.shape[1], "eager") and set(kinds[1:]) == {(1, attention)}
+
+
+def test_attention_option() -> None:
+    """The eager attention is the default (compiled or not); unknown names are refused."""
+    model = torch.nn.Linear(2, 2)  # not a supported decoder: plain generate, options still set
+    assert Sampler(model).attention == "eager"
+    assert Sampler(model, compile=True).attention == "eager"
+    assert Sampler(model, attention="flex").attention == "flex"
+    with pytest.raises(ValueError, match="attention 'fused'"):
+        Sampler(model, attention="fused")
