@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch._inductor.config
 
 from arbiter.trainer.sampling import SamplingParams
 from bench.trainer_phases import (
@@ -48,6 +49,8 @@ VARIANTS: dict[str, dict[str, Any]] = {  # name -> Sampler options (compiled + g
     "after_no_share_prompts": {"share_prompts": False},
     "after_flex_attention": {"attention": "flex"},  # one fused decode-attention kernel
     "after_sdpa_attention": {"attention": "sdpa"},
+    # inductor autotunes the decode step's matrix products (Triton templates vs cuBLAS)
+    "after_autotune": {"inductor": {"max_autotune_gemm": True}},
 }
 CHECKED = ("before", "after", "after_flex_attention")  # sampled, greedy, kernel tables
 
@@ -139,9 +142,13 @@ def main(argv: list[str] | None = None) -> None:
     samples: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
     greedy: dict[str, torch.Tensor] = {}
     for name in args.variants.split(","):
-        opts = VARIANTS[name]
+        opts = dict(VARIANTS[name])
+        inductor = opts.pop("inductor", {})
         sampler = Sampler(model, **opts)
-        r: dict[str, Any] = {"options": opts}
+        r: dict[str, Any] = {"options": VARIANTS[name]}
+        saved = {k: getattr(torch._inductor.config, k) for k in inductor}
+        for k, v in inductor.items():  # compiles happen at the first call: set meanwhile
+            setattr(torch._inductor.config, k, v)
         try:
             if dev == "cuda":
                 torch.cuda.empty_cache()
@@ -163,6 +170,8 @@ def main(argv: list[str] | None = None) -> None:
                     r["kernels_full"] = kernel_table(sampler)
         except Exception as e:  # keep the other variants
             r["error"] = repr(e)[:1500]
+        for k, v in saved.items():
+            setattr(torch._inductor.config, k, v)
         sampler.release()
         res[name] = r
         print(name, {k: v for k, v in r.items() if not k.startswith("kernels")}, flush=True)
