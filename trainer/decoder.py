@@ -12,7 +12,10 @@ a power-of-two head group) reads each row's K and V once; scores stay in float32
 rounding to the model dtype), so greedy ids may part from the eager path's after a while, as
 bf16 rounding does. Prefill (T > 1) always uses the eager attention. At the 1.5B decode
 shape on an H200 the fused kernel was no faster than the eager path's cuBLAS products (see
-bench/results/trainer_notes.md), so the sampler's default stays eager.
+bench/results/trainer_notes.md), so the sampler's default stays eager. ``forward(qkv=...)``
+computes each layer's q, k and v with one product over a ``MergedQKV`` buffer (the three
+projections' weights side by side, refreshed from the live parameters by the sampler before
+each call) instead of three: the same sums per output, in one GEMM.
 """
 
 from __future__ import annotations
@@ -125,6 +128,62 @@ def fused_attention(
     return o.reshape(b, h_q, t, d)
 
 
+class MergedQKV:
+    """Per layer, the q, k and v projections' weights (and biases) side by side in one
+    persistent buffer, ``cat((q_proj.weight, k_proj.weight, v_proj.weight))`` of shape
+    ((H + 2 KVH) D, hidden): one product per layer instead of three small ones. ``dtype`` is
+    the compute dtype (autocast's when on: the cast autocast would make of each weight).
+    ``refresh`` copies the live parameters in (outside any CUDA graph; graphs read the
+    buffer at its fixed address). Memory: layers x (H + 2 KVH) D x hidden elements (176 MB
+    of bf16 at Qwen2.5-1.5B). ``layers[l]`` is (weight, bias or None) for ``forward(qkv=)``.
+    """
+
+    def __init__(self, model: Any, dtype: torch.dtype) -> None:
+        attns = [layer.self_attn for layer in model.model.layers]
+        projs = [(a.q_proj, a.k_proj, a.v_proj) for a in attns]
+        a0 = projs[0]
+        rows, hidden = sum(p.out_features for p in a0), a0[0].in_features
+        has_bias = any(p.bias is not None for ps in projs for p in ps)
+        dev = a0[0].weight.device
+        self.weight = torch.zeros(len(projs), rows, hidden, device=dev, dtype=dtype)
+        self.bias = torch.zeros(len(projs), rows, device=dev, dtype=dtype) if has_bias else None
+        self.layers: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+        self._dst: list[torch.Tensor] = []
+        self._src: list[Any] = []  # (module, attribute name): read the live parameter each time
+        for li, ps in enumerate(projs):
+            w, b = self.weight[li], None if self.bias is None else self.bias[li]
+            self.layers.append((w, b))
+            start = 0
+            for p in ps:
+                end = start + p.out_features
+                self._dst.append(w[start:end])
+                self._src.append((p, "weight"))
+                if b is not None and p.bias is not None:
+                    self._dst.append(b[start:end])
+                    self._src.append((p, "bias"))
+                start = end
+
+    @staticmethod
+    def supports(model: Any) -> bool:
+        """Plain ``nn.Linear`` q/k/v projections of one shape in every layer."""
+        shapes = set()
+        for layer in model.model.layers:
+            a = layer.self_attn
+            ps: list[Any] = [getattr(a, n, None) for n in ("q_proj", "k_proj", "v_proj")]
+            if not all(isinstance(p, torch.nn.Linear) for p in ps):
+                return False
+            shapes.add(tuple((p.out_features, p.in_features, p.bias is None) for p in ps))
+        return len(shapes) == 1
+
+    def refresh(self) -> None:
+        """Copy the live parameters in (cast to the buffer's dtype)."""
+        with torch.no_grad():
+            torch._foreach_copy_(self._dst, [getattr(m, n) for m, n in self._src])
+
+    def data_ptr(self) -> int:
+        return self.weight.data_ptr()
+
+
 def forward(
     model: Any,
     ids: torch.Tensor,  # (B, T)
@@ -136,8 +195,11 @@ def forward(
     write: Any,  # write(cache, new) stores new K or V (B, KVH, T, D) into the cache
     last_only: bool,
     attention: str = "eager",  # one of ATTENTIONS; "flex" and "sdpa" apply only when T == 1
+    qkv: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,  # MergedQKV.layers
 ) -> torch.Tensor:
-    """Logits (B, V) float32 of the last position; K/V of the new tokens written to the cache."""
+    """Logits (B, V) float32 of the last position; K/V of the new tokens written to the cache.
+    With ``qkv`` each layer's q, k and v come from one product with its merged weight (the
+    model's own q_norm / k_norm still apply to the split q and k)."""
     inner = model.model
     h_q, h_kv, d = dims(model)
     b, t = ids.shape
@@ -153,9 +215,11 @@ def forward(
     for li, layer in enumerate(inner.layers):
         attn = layer.self_attn
         hs = layer.input_layernorm(x)
-        q = attn.q_proj(hs).view(b, t, h_q, d)
-        k = attn.k_proj(hs).view(b, t, h_kv, d)
-        v = attn.v_proj(hs).view(b, t, h_kv, d)
+        if qkv is None:
+            q, k, v = attn.q_proj(hs), attn.k_proj(hs), attn.v_proj(hs)
+        else:
+            q, k, v = F.linear(hs, *qkv[li]).split((h_q * d, h_kv * d, h_kv * d), -1)
+        q, k, v = q.view(b, t, h_q, d), k.view(b, t, h_kv, d), v.view(b, t, h_kv, d)
         if hasattr(attn, "q_norm"):
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
@@ -188,6 +252,7 @@ def prefill(
     *,
     share: bool,
     tokens_per_forward: int,
+    qkv: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,  # MergedQKV.layers
 ) -> torch.Tensor:
     """Prompt K/V into slots [0, P) of every row's cache; logits (B, V) float32 of each row's
     last prompt position. Rows go in chunks of about ``tokens_per_forward`` prompt tokens (the
@@ -220,7 +285,7 @@ def prefill(
         sl = slice(r, min(r + step, u))
         kc, vc = [k[sl] for k in k_cache], [v[sl] for v in v_cache]  # row views
         parts.append(forward(model, prompt_ids[sl], pos[sl], rope, kc, vc, mask[sl],
-                             write_prefix, last_only=True))  # fmt: skip
+                             write_prefix, last_only=True, qkv=qkv))  # fmt: skip
     logits = torch.cat(parts)
     if inverse is None:
         return logits

@@ -25,15 +25,20 @@ Interface (stable; the trainer uses only this)::
 How it is fast (Qwen2/Qwen3/Llama/Mistral-shaped decoders, default-style RoPE, no sliding
 window; anything else falls back to plain ``model.generate``): the decoder is run by a small
 functional forward that reuses the model's own modules (norms, projections, MLP, embeddings,
-rotary tables) over a static KV cache ``(B, kv_heads, C, head_dim)`` per layer, with the
-capacity C rounded up so batches of similar length share one cache. Prompts are prefilled
+rotary tables) over a static KV cache ``(B, kv_heads, C, head_dim)`` per layer (views of one
+allocation, ``trainer.kvcache``), with the capacity C rounded up so batches of similar length
+share one cache. Each layer's q, k and v come from one product with a merged weight buffer
+(``decoder.MergedQKV``, refreshed from the live parameters at every call). Prompts are prefilled
 eagerly, each distinct prompt once (whole rows, about 8k prompt tokens per forward, so the
 prefill's activations stay small beside the cache); each decode step (forward, sampling, EOS
 bookkeeping) is one CUDA-graph replay over static buffers, attending only to the cache's
 filled slots rounded up to 128 (one graph per such length; ``Sampler(attention=...)``
 picks the attention kernels), and the host checks "all rows done" only every few steps.
-Weights are read from the live parameters, so optimizer updates between calls are seen
-without re-capture. On CPU the same code runs eagerly (that is what the CPU tests exercise).
+Weights are read from the live parameters (the merged q/k/v buffer is copied from them
+before each call), so optimizer updates between calls are seen without re-capture. With
+``keep_cache=False`` only the KV cache is freed after a call; the graphs are replayed by the
+next call if the cache comes back at the same address, captured anew otherwise. On CPU the
+same code runs eagerly (that is what the CPU tests exercise).
 """
 
 from __future__ import annotations
@@ -41,12 +46,12 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from arbiter.trainer import decoder
+from arbiter.trainer.kvcache import Bucket, new_bucket, warmup_stream
 from arbiter.trainer.sampling import (
     SamplingParams,
     choose,
@@ -65,25 +70,6 @@ _MAX_BUCKETS = 4  # cached (batch, capacity, ...) graph buckets per model
 _PREFILL_TOKENS = 8192  # prompt tokens per prefill forward (whole rows)
 
 
-@dataclass
-class _Bucket:
-    """Static buffers (and the decode graph) for one (batch, capacity, settings) shape."""
-
-    key: tuple[Any, ...]
-    k_cache: list[torch.Tensor]
-    v_cache: list[torch.Tensor]
-    valid: torch.Tensor  # (B, C) bool: cache slot holds a real token
-    tokens: torch.Tensor  # (B,) last sampled token (input of the next step)
-    pos: torch.Tensor  # (B,) its rotary position
-    slot: torch.Tensor  # (1,) cache slot it is written to
-    step: torch.Tensor  # (1,) index of the token the step samples
-    done: torch.Tensor  # (B,) bool
-    out: torch.Tensor  # (B, N) sampled ids
-    noise: torch.Tensor  # (N, B) uniforms
-    graphs: dict[int, Any] = field(default_factory=dict)  # attended length -> decode graph
-    extra: dict[str, Any] = field(default_factory=dict)
-
-
 class Sampler:
     """Stateful sampler bound to one model; caches KV buffers and CUDA graphs across calls.
 
@@ -91,8 +77,8 @@ class Sampler:
     host checks for "every row has emitted EOS". ``compile``: torch.compile the decode step
     before capturing it (fewer, fused kernels; compilation costs time once per bucket);
     None = on for CUDA models, off on the CPU (where the sampler runs eagerly).
-    ``keep_cache``: keep each bucket's KV cache and graph for the next call of the same
-    shape; False frees them when the call returns (the memory goes back to training).
+    ``keep_cache``: keep each bucket's KV cache and graphs for the next call of the same
+    shape; False frees the cache when the call returns (the memory goes back to training).
 
     Three exact shortcuts, each on by default (off: the sampler as it was before them, kept for
     the benchmark's before/after): ``length_round`` -- a decode step attends only to the
@@ -108,9 +94,20 @@ class Sampler:
     faster at the 1.5B shape on an H200 (bench/results/trainer_notes.md), so not the default.
     If compiling a fused step fails, it falls back to the eager attention.
 
+    Two more, exact (same products and casts; a GEMM may order its sums differently), on by
+    default: ``reuse_graphs`` -- ``keep_cache=False`` frees only the KV cache (one allocation,
+    5.6 GB at the 1.5B shape) and keeps the graphs, their private pool (the step's
+    intermediates, chiefly its (B, vocab) logits: a few hundred MB there) and the ~1 MB static
+    buffers; the next call replays the graphs if the cache came back at the same address,
+    else captures anew (``kvcache.Bucket.prepare``; ``graph_stats`` counts both). Off: free
+    all, capture every call. ``merged_qkv`` -- one [hidden -> (H + 2 KVH) D] product per
+    layer instead of three (``decoder.MergedQKV``, in the compute dtype, 176 MB of bf16 at
+    1.5B, kept for the graphs; copied from the live weights at every call).
+
     The KV cache is sized from the batch actually sampled: its rows, and its longest prompt
     plus ``max_new_tokens`` rounded up to 64 slots. A graph is captured again whenever the
-    weights' storage moved (FSDP2 gathers a sharded model into fresh memory per rollout).
+    weights' storage moved (FSDP2 gathers a sharded model into fresh memory per rollout) or
+    the KV cache's did.
     """
 
     def __init__(
@@ -125,6 +122,8 @@ class Sampler:
         share_prompts: bool = True,
         blocked_draw: bool = True,
         attention: str = "eager",
+        reuse_graphs: bool = True,
+        merged_qkv: bool = True,
     ) -> None:
         if attention not in decoder.ATTENTIONS:
             raise ValueError(f"attention {attention!r} not in {decoder.ATTENTIONS}")
@@ -133,6 +132,9 @@ class Sampler:
         self.keep_cache = keep_cache
         self.length_round, self.share_prompts = length_round, share_prompts
         self.blocked_draw = blocked_draw
+        self.reuse_graphs, self.merged_qkv = reuse_graphs, merged_qkv
+        self._qkv: dict[torch.dtype, decoder.MergedQKV] = {}  # compute dtype -> buffer
+        self.graph_stats = {"reused": 0, "cache moved": 0, "weights moved": 0}
         self.blocked_draw_compiles = True  # False once compiling the draw has failed
         self.fast_reason = decoder.unsupported_reason(model)
         self.fast = self.fast_reason is None
@@ -142,7 +144,7 @@ class Sampler:
         self.use_graphs = (
             self.device.type == "cuda" if use_cuda_graphs is None else bool(use_cuda_graphs)
         )
-        self._buckets: OrderedDict[tuple[Any, ...], _Bucket] = OrderedDict()
+        self._buckets: OrderedDict[tuple[Any, ...], Bucket] = OrderedDict()
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._pool: Any = None
         # compile=True: inductor fuses the decode forward's small kernels (norms, rotary,
@@ -170,27 +172,27 @@ class Sampler:
         self,
         ids: torch.Tensor,  # (B, T)
         pos: torch.Tensor,  # (B, T)
-        bk: _Bucket,
+        bk: Bucket,
         mask: torch.Tensor,  # (B, T, S) bool over the first S cache slots
         write: Any,  # write(cache, new) stores new K or V (B, KVH, T, D) into the cache
         last_only: bool,
     ) -> torch.Tensor:
         return decoder.forward(self.model, ids, pos, bk.extra["rope"], bk.k_cache, bk.v_cache,
-                               mask, write, last_only, self.attention)  # fmt: skip
+                               mask, write, last_only, self.attention, bk.extra["qkv"])  # fmt: skip
 
     def _forward_sample(
-        self, bk: _Bucket, mask: torch.Tensor, write: Any, u: torch.Tensor, temperature: float
+        self, bk: Bucket, mask: torch.Tensor, write: Any, u: torch.Tensor, temperature: float
     ) -> torch.Tensor:
         """The decode step's forward and blocked draw (no top-p), to be compiled together."""
         logits = self._forward(bk.tokens[:, None], bk.pos[:, None], bk, mask, write, False)
         return choose(logits, u, temperature, 1.0, blocked=True)
 
-    def _fused(self, bk: _Bucket) -> bool:
+    def _fused(self, bk: Bucket) -> bool:
         """Whether the draw runs inside the (compiled) decode function."""
         return self.blocked_draw and self.blocked_draw_compiles and bk.key[4] >= 1.0
 
     # ------------------------------------------------------------------ buffers and graphs
-    def _bucket(self, b: int, c: int, n: int, temperature: float, top_p: float) -> _Bucket:
+    def _bucket(self, b: int, c: int, n: int, temperature: float, top_p: float) -> Bucket:
         dtype = cache_dtype = self.model.model.embed_tokens.weight.dtype
         if torch.is_autocast_enabled(self.device.type):  # e.g. fp32 master weights, bf16 autocast
             cache_dtype = torch.get_autocast_dtype(self.device.type)
@@ -202,33 +204,13 @@ class Sampler:
         while len(self._buckets) >= _MAX_BUCKETS:
             self._buckets.popitem(last=False)
         _, h_kv, d = decoder.dims(self.model)
-        dev, n_layers = self.device, len(self.model.model.layers)
-
-        def zeros(*shape: int, dt: torch.dtype = torch.long) -> torch.Tensor:
-            return torch.zeros(*shape, device=dev, dtype=dt)
-
-        bk = _Bucket(
-            key=key,
-            k_cache=[zeros(b, h_kv, c, d, dt=cache_dtype) for _ in range(n_layers)],
-            v_cache=[zeros(b, h_kv, c, d, dt=cache_dtype) for _ in range(n_layers)],
-            valid=zeros(b, c, dt=torch.bool),
-            tokens=zeros(b),
-            pos=zeros(b),
-            slot=zeros(1),
-            step=zeros(1),
-            done=zeros(b, dt=torch.bool),
-            out=zeros(b, n),
-            noise=zeros(n, b, dt=torch.float32),
-            extra={
-                "rope": self._rope_tables(c, dtype),  # kept alive: captured graphs read it
-                "eos_t": torch.zeros((), device=dev, dtype=torch.long),
-                "pad_t": torch.zeros((), device=dev, dtype=torch.long),
-            },
-        )
+        bk = new_bucket(key, layers=len(self.model.model.layers), rows=b, kv_heads=h_kv,
+                        capacity=c, head_dim=d, new_tokens=n, cache_dtype=cache_dtype,
+                        device=self.device, rope=self._rope_tables(c, dtype))  # fmt: skip
         self._buckets[key] = bk
         return bk
 
-    def _decode_step(self, bk: _Bucket, s: int) -> None:
+    def _decode_step(self, bk: Bucket, s: int) -> None:
         """One token for every row, attending to the first ``s`` cache slots; all state lives
         in ``bk`` (so it can be graph-captured)."""
         temperature, top_p = bk.key[3], bk.key[4]
@@ -254,7 +236,7 @@ class Sampler:
         bk.slot += 1
         bk.step += 1
 
-    def _capture_or_uncompile(self, bk: _Bucket, s: int) -> None:
+    def _capture_or_uncompile(self, bk: Bucket, s: int) -> None:
         """Capture the decode step; if compiling it fails, first draw outside the compiled
         function, then capture the eager step."""
         try:
@@ -274,9 +256,9 @@ class Sampler:
                 self._decode_sample = self._forward_sample
             self._capture_or_uncompile(bk, s)
 
-    def _capture(self, bk: _Bucket, s: int) -> None:
+    def _capture(self, bk: Bucket, s: int) -> None:
         saved = [x.clone() for x in (bk.valid, bk.tokens, bk.pos, bk.slot, bk.step, bk.done)]
-        stream = _warmup_stream(self.device)
+        stream = warmup_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             for _ in range(2):  # warm-up: allocator, cuBLAS handles, lazy init
@@ -324,11 +306,16 @@ class Sampler:
             min(c, -(-(p + i) // self.length_round) * self.length_round) if self.length_round else c
             for i in range(1, n)
         ]
+        qkv = self._merged_qkv(bk.cache_dtype)
+        bk.extra["qkv"] = None if qkv is None else qkv.layers
+        weights = tuple(p.data_ptr() for p in self.model.parameters())
+        dropped = bk.prepare(0 if qkv is None else qkv.data_ptr(), weights)
+        if dropped is not None:
+            self.graph_stats[dropped] += 1
+            log.info("sampler: %s since the graphs were captured; capturing anew", dropped)
+        elif bk.graphs:
+            self.graph_stats["reused"] += 1
         if self.use_graphs:
-            weights = tuple(p.data_ptr() for p in self.model.parameters())
-            if bk.extra.get("weights") != weights:
-                bk.graphs.clear()
-                bk.extra["weights"] = weights
             for s in sorted(set(lengths)):
                 if s not in bk.graphs:
                     self._capture_or_uncompile(bk, s)
@@ -336,7 +323,7 @@ class Sampler:
         bk.extra["pad_t"].fill_(pad)
         logits = decoder.prefill(
             self.model, bk.extra["rope"], bk.k_cache, bk.v_cache, prompt_ids, prompt_mask,
-            share=self.share_prompts, tokens_per_forward=_PREFILL_TOKENS,
+            share=self.share_prompts, tokens_per_forward=_PREFILL_TOKENS, qkv=bk.extra["qkv"],
         )  # fmt: skip
         noise = torch.rand((n, b), generator=params.generator, device=self.device)
         bk.noise.copy_(noise)
@@ -353,35 +340,44 @@ class Sampler:
         for i in range(1, n):
             if (i - 1) % self.check_every == 0 and bool(bk.done.all()):
                 break
-            graph = bk.graphs.get(lengths[i - 1])
+            graph = bk.graph(lengths[i - 1])
             if graph is not None:
                 graph.replay()
             else:
                 self._decode_step(bk, lengths[i - 1])
         ids = bk.out.clone()
         if not self.keep_cache:
-            self.release()
+            self.release(keep_graphs=self.reuse_graphs)
         cmask = completion_mask_from_ids(ids, eos)
         ids = ids.masked_fill(~cmask, pad)
         width = max(int(cmask.sum(-1).max().item()), 1)
         return ids[:, :width].contiguous(), cmask[:, :width].contiguous()
 
-    def release(self) -> None:
-        """Free every cached KV cache and graph (the next call allocates and captures anew)."""
+    def release(self, keep_graphs: bool = False) -> None:
+        """Free every bucket's KV cache; with ``keep_graphs`` keep the rest (graphs, their
+        memory pool, static buffers, merged q/k/v buffers) for the next call to reuse when the
+        cache comes back at the same address; otherwise free everything (the next call
+        allocates and captures anew)."""
+        if keep_graphs:
+            for bk in self._buckets.values():
+                bk.free(graphs=False)
+            return
         self._buckets.clear()
+        self._qkv.clear()
         self._pool = None
+
+    def _merged_qkv(self, dtype: torch.dtype) -> decoder.MergedQKV | None:
+        """The merged q/k/v buffer in the compute dtype, refreshed from the live weights."""
+        if not self.merged_qkv or not decoder.MergedQKV.supports(self.model):
+            return None
+        qkv = self._qkv.get(dtype)
+        if qkv is None:
+            qkv = self._qkv[dtype] = decoder.MergedQKV(self.model, dtype)
+        qkv.refresh()
+        return qkv
 
 
 _SAMPLERS: dict[int, Sampler] = {}
-_STREAMS: dict[torch.device, Any] = {}
-
-
-def _warmup_stream(device: torch.device) -> Any:
-    """One side stream per device for every capture's warm-up: cuBLAS keeps a workspace per
-    stream it ran on for life, and a new stream per capture would add one each time."""
-    if device not in _STREAMS:
-        _STREAMS[device] = torch.cuda.Stream(device=device)
-    return _STREAMS[device]
 
 
 def sample(

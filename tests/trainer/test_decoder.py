@@ -5,10 +5,12 @@ left padding and unfilled cache slots masked. The compiled kernels run on the le
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
-from arbiter.trainer.decoder import eager_attention, fused_attention
+from arbiter.trainer.decoder import MergedQKV, eager_attention, fused_attention
 
 B, H, KVH, S, D = 4, 6, 2, 40, 16  # a head group of 3 (the 1.5B model's is 6: not a power of 2)
 
@@ -62,3 +64,84 @@ def test_fused_attention_refuses_an_unknown_kind() -> None:
     q, k, v, mask = _inputs(1, torch.float32)
     with pytest.raises(ValueError, match="attention kind"):
         fused_attention(q, k, v, mask, D**-0.5, "eager")
+
+
+def _qwen(model_type: str) -> Any:
+    """A small random Qwen2 (q/k/v biases) or Qwen3 (q_norm / k_norm, no biases)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    cfg = AutoConfig.for_model(model_type, vocab_size=96, hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=8, max_position_embeddings=256)  # fmt: skip
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3 if p.dim() == 2 else 0.1)
+    return model.eval()
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_merged_qkv_buffer_follows_the_live_weights(model_type: str) -> None:
+    model = _qwen(model_type)
+    assert MergedQKV.supports(model)
+    qkv = MergedQKV(model, torch.float32)
+    qkv.refresh()
+    a = model.model.layers[1].self_attn
+    w, b = qkv.layers[1]
+    assert torch.equal(w, torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]))
+    if model_type == "qwen2":
+        assert b is not None
+        assert torch.equal(b, torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
+    else:
+        assert b is None and hasattr(a, "q_norm")
+    ptr = qkv.data_ptr()
+    with torch.no_grad():
+        a.v_proj.weight.add_(1.0)  # an optimizer step
+    qkv.refresh()
+    assert torch.equal(qkv.layers[1][0][-a.v_proj.out_features :], a.v_proj.weight)
+    assert qkv.data_ptr() == ptr  # refreshed in place: graphs keep reading it
+
+
+def test_merged_qkv_buffer_in_the_compute_dtype() -> None:
+    """fp32 master weights under bf16 autocast: the buffer holds autocast's bf16 casts."""
+    model = _qwen("qwen2")
+    qkv = MergedQKV(model, torch.bfloat16)
+    qkv.refresh()
+    a = model.model.layers[0].self_attn
+    w, b = qkv.layers[0]
+    assert w.dtype == torch.bfloat16 and b is not None
+    assert torch.equal(w[: a.q_proj.out_features], a.q_proj.weight.to(torch.bfloat16))
+    assert torch.equal(b[-a.v_proj.out_features :], a.v_proj.bias.to(torch.bfloat16))
+
+
+def test_merged_qkv_needs_plain_linear_projections() -> None:
+    model = _qwen("qwen2")
+    model.model.layers[1].self_attn.k_proj = torch.nn.Sequential()  # e.g. an adapter wrapper
+    assert not MergedQKV.supports(model)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_merged_qkv_keeps_the_greedy_ids(model_type: str, autocast: bool) -> None:
+    """The sampler with and without the merged product (Qwen3's q/k norms after the split;
+    fp32, and fp32 weights under bf16 autocast): the same greedy ids; fp32 also HF's."""
+    from arbiter.trainer.generation import Sampler, SamplingParams
+
+    model = _qwen(model_type)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 96, (4, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    mask[3, :6] = 0
+    params = SamplingParams(40, -1, 0, temperature=0.0)
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast)
+    with ctx:
+        got = [Sampler(model, merged_qkv=m)(ids, mask, params)[0] for m in (True, False)]
+    assert torch.equal(got[0], got[1])
+    assert len(set(got[0][0].tolist())) > 3, "test model should produce varied text"
+    if not autocast:
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40,
+                             do_sample=False, eos_token_id=None, pad_token_id=0, top_k=None,
+                             temperature=None, top_p=None)  # fmt: skip
+        assert torch.equal(got[0], out[:, ids.shape[1] :])

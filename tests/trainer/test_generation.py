@@ -263,14 +263,58 @@ def test_gradient_checkpointing_keeps_generation_and_its_cache(tmp_path: Path) -
     assert model.training  # the fallback path puts train mode back
 
 
-def test_cache_can_be_freed_between_calls(tiny: tuple[Any, Any]) -> None:
+@pytest.mark.parametrize("reuse_graphs", [True, False])
+def test_cache_can_be_freed_between_calls(tiny: tuple[Any, Any], reuse_graphs: bool) -> None:
+    """keep_cache=False frees the KV cache after every call (with ``reuse_graphs`` the bucket
+    and its static buffers stay, without its cache; without, nothing stays)."""
     model, tok = tiny
     ids, mask = _enc(tok, PROMPTS)
     params = SamplingParams(6, -1, tok.pad_token_id, temperature=0.0)
-    kept, freed = Sampler(model), Sampler(model, keep_cache=False)
+    kept = Sampler(model)
+    freed = Sampler(model, keep_cache=False, reuse_graphs=reuse_graphs)
     for _ in range(2):  # the second call reallocates what the first freed
         assert torch.equal(kept(ids, mask, params)[0], freed(ids, mask, params)[0])
-        assert len(kept._buckets) == 1 and len(freed._buckets) == 0
+        assert len(kept._buckets) == 1 and next(iter(kept._buckets.values())).cache is not None
+        assert len(freed._buckets) == int(reuse_graphs)
+        for bk in freed._buckets.values():
+            assert bk.cache is None and bk.k_cache == [] and bk.v_cache == []
+
+
+@pytest.mark.parametrize("reuse_graphs", [True, False])
+@pytest.mark.parametrize("merged_qkv", [True, False])
+def test_options_keep_the_greedy_ids(
+    tiny: tuple[Any, Any], reuse_graphs: bool, merged_qkv: bool
+) -> None:
+    """The merged q/k/v product and the kept graphs, each on or off, cache kept or freed:
+    HF generate's greedy ids, call after call."""
+    model, tok = tiny
+    ids, mask = _enc(tok, PROMPTS)
+    pad = tok.pad_token_id
+    ref = _hf_greedy(model, ids, mask, 30, eos=-1, pad=pad)
+    params = SamplingParams(30, -1, pad, temperature=0.0)
+    for keep in (True, False):
+        sampler = Sampler(model, keep_cache=keep, reuse_graphs=reuse_graphs, merged_qkv=merged_qkv)
+        for _ in range(2):
+            assert torch.equal(sampler(ids, mask, params)[0], ref)
+        assert bool(sampler._qkv) == (merged_qkv and (keep or reuse_graphs))  # all freed
+
+
+def test_options_keep_seeded_sampling(tiny: tuple[Any, Any]) -> None:
+    """Seeded samples (temperature 1 with the blocked draw, and top-p) are the same with the
+    merged q/k/v product and kept graphs as without."""
+    model, tok = tiny
+    ids, mask = _enc(tok, PROMPTS * 2)
+
+    def run(sampler: Sampler, top_p: float) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(7)
+        params = SamplingParams(24, -1, tok.pad_token_id, 1.0, top_p, generator=gen)
+        return sampler(ids, mask, params)[0]
+
+    for top_p in (1.0, 0.9):
+        new = Sampler(model, keep_cache=False)
+        old = Sampler(model, keep_cache=False, reuse_graphs=False, merged_qkv=False)
+        for _ in range(2):
+            assert torch.equal(run(new, top_p), run(old, top_p))
 
 
 def test_shortcuts_keep_the_greedy_ids(
