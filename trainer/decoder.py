@@ -96,6 +96,60 @@ def eager_attention(
     return torch.matmul(probs, vals.to(probs.dtype)).view(b, h_q, t, d)
 
 
+def grouped_attention(
+    q: torch.Tensor,  # (B, H, 1, D)
+    keys: torch.Tensor,  # (B, KVH, S, D)
+    vals: torch.Tensor,
+    bias: torch.Tensor,  # (B, 1, 1, 1, S) float32
+    scale: float,
+    dtype: torch.dtype,
+    rows: int,  # G: rows per group, adjacent
+    shared: int,  # the first slots, holding the same K/V in every row of a group
+) -> torch.Tensor:
+    """``eager_attention`` for one decode token when rows come in groups of ``rows`` (GRPO's G
+    samples of a prompt, adjacent) whose first ``shared`` cache slots hold the same keys and
+    values: those slots are read once per group, from its first row, and the group's queries
+    meet them in one product (G x query heads rows instead of the query heads alone); the
+    rest as ``eager_attention``. Same numerics (scores in the cache dtype, one float32 softmax
+    over all slots), except that the probabilities' product with the values is two products
+    added."""
+    b, h_q, t, d = q.shape
+    h_kv, s = keys.shape[1], keys.shape[2]
+    hg, u = h_q // h_kv, b // rows
+
+    def by_group(x: torch.Tensor) -> torch.Tensor:  # (B, KVH, hg, X) -> (U, KVH, G * hg, X)
+        return x.view(u, rows, h_kv, hg, -1).transpose(1, 2).reshape(u, h_kv, rows * hg, -1)
+
+    def by_row(x: torch.Tensor) -> torch.Tensor:  # the inverse
+        return x.view(u, h_kv, rows, hg, -1).transpose(1, 2).reshape(b, h_kv, hg, -1)
+
+    qg = q.reshape(b, h_kv, hg, d).to(keys.dtype)
+    k_shared, v_shared = keys[::rows, :, :shared], vals[::rows, :, :shared]
+    s_shared = by_row(torch.matmul(by_group(qg), k_shared.transpose(-1, -2)))
+    s_own = torch.matmul(qg, keys[:, :, shared:].transpose(-1, -2))
+    scores = torch.cat([s_shared, s_own], dim=-1) * scale
+    scores = scores.view(b, h_kv, hg, t, s).float() + bias
+    probs = scores.softmax(dim=-1).to(dtype).view(b, h_kv, hg, s)
+    o_shared = by_row(torch.matmul(by_group(probs[..., :shared]), v_shared.to(dtype)))
+    o_own = torch.matmul(probs[..., shared:], vals[:, :, shared:].to(dtype))
+    return (o_shared + o_own).view(b, h_q, t, d)
+
+
+def group_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> int:
+    """G when the rows come in adjacent runs of G >= 2 identical prompts (GRPO's layout; two
+    adjacent runs may hold the same prompt), else 1. One host sync."""
+    b = prompt_ids.shape[0]
+    if b < 2:
+        return 1
+    key = prompt_ids.masked_fill(~prompt_mask.bool(), -1)
+    same = (key[1:] == key[:-1]).all(-1).cpu()  # row i + 1 repeats row i
+    g = int(same.long().argmin()) + 1 if not bool(same.all()) else b
+    inside = (torch.arange(1, b) % g) != 0  # the pairs inside a run of g
+    if g < 2 or b % g or not bool(same[inside].all()):
+        return 1
+    return g
+
+
 def fused_attention(
     q: torch.Tensor,  # (B, H, T, D)
     keys: torch.Tensor,  # (B, KVH, S, D)
@@ -196,10 +250,13 @@ def forward(
     last_only: bool,
     attention: str = "eager",  # one of ATTENTIONS; "flex" and "sdpa" apply only when T == 1
     qkv: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,  # MergedQKV.layers
+    shared: tuple[int, int] | None = None,  # (G, slots) for grouped_attention
 ) -> torch.Tensor:
     """Logits (B, V) float32 of the last position; K/V of the new tokens written to the cache.
     With ``qkv`` each layer's q, k and v come from one product with its merged weight (the
-    model's own q_norm / k_norm still apply to the split q and k)."""
+    model's own q_norm / k_norm still apply to the split q and k). With ``shared`` a one-token
+    step's eager attention reads the slots a group's rows share once per group
+    (``grouped_attention``)."""
     inner = model.model
     h_q, h_kv, d = dims(model)
     b, t = ids.shape
@@ -231,6 +288,8 @@ def forward(
         vals = v_cache[li][:, :, :s]
         if fused:
             o = fused_attention(q, keys, vals, mask, attn.scaling, attention).to(x.dtype)
+        elif shared is not None and t == 1:
+            o = grouped_attention(q, keys, vals, bias, attn.scaling, x.dtype, *shared)
         else:
             o = eager_attention(q, keys, vals, bias, attn.scaling, x.dtype)
         o = o.transpose(1, 2).reshape(b, t, h_q * d)  # (B, H, T, D) -> (B, T, H * D)

@@ -37,8 +37,9 @@ picks the attention kernels), and the host checks "all rows done" only every few
 Weights are read from the live parameters (the merged q/k/v buffer is copied from them
 before each call), so optimizer updates between calls are seen without re-capture. With
 ``keep_cache=False`` only the KV cache is freed after a call; the graphs are replayed by the
-next call if the cache comes back at the same address, captured anew otherwise. On CPU the
-same code runs eagerly (that is what the CPU tests exercise).
+next call if the cache comes back at the same address, captured anew otherwise. A group's
+rows read their shared prompt's K/V once per decode step. On CPU the same code runs eagerly
+(that is what the CPU tests exercise).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from collections import OrderedDict
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from arbiter.trainer import decoder
 from arbiter.trainer.kvcache import Bucket, new_bucket, warmup_stream
@@ -80,29 +82,24 @@ class Sampler:
     ``keep_cache``: keep each bucket's KV cache and graphs for the next call of the same
     shape; False frees the cache when the call returns (the memory goes back to training).
 
-    Three exact shortcuts, each on by default (off: the sampler as it was before them, kept for
-    the benchmark's before/after): ``length_round`` -- a decode step attends only to the
-    cache's first S slots, S the filled length rounded up to this many slots (0: the whole
-    cache); each S has its own CUDA graph and its own static compilation (a dynamic S compiled
-    once gave a softmax kernel 5-7x slower than the static one); ``share_prompts`` -- each
-    distinct prompt is prefilled once and its K/V copied to its duplicates (GRPO's G copies);
-    ``blocked_draw`` -- without top-p the categorical draw is ``sampling._draw``'s two-level
-    inverse CDF, compiled into the decode step, instead of a full-vocabulary softmax and
-    cumulative sum. ``attention`` (decode steps; prefill is always eager): "eager" (default)
-    -- HF's numerics, the scores materialised between two cuBLAS products; "flex" / "sdpa" --
-    one fused kernel (``decoder.fused_attention``; float32 scores, not bit-identical); no
-    faster at the 1.5B shape on an H200 (bench/results/trainer_notes.md), so not the default.
-    If compiling a fused step fails, it falls back to the eager attention.
-
-    Two more, exact (same products and casts; a GEMM may order its sums differently), on by
-    default: ``reuse_graphs`` -- ``keep_cache=False`` frees only the KV cache (one allocation,
-    5.6 GB at the 1.5B shape) and keeps the graphs, their private pool (the step's
-    intermediates, chiefly its (B, vocab) logits: a few hundred MB there) and the ~1 MB static
-    buffers; the next call replays the graphs if the cache came back at the same address,
-    else captures anew (``kvcache.Bucket.prepare``; ``graph_stats`` counts both). Off: free
-    all, capture every call. ``merged_qkv`` -- one [hidden -> (H + 2 KVH) D] product per
-    layer instead of three (``decoder.MergedQKV``, in the compute dtype, 176 MB of bf16 at
-    1.5B, kept for the graphs; copied from the live weights at every call).
+    Exact shortcuts, each on by default (off: as before them, for the benchmark's before/after;
+    a GEMM may order its sums differently): ``length_round`` -- a step attends only to the
+    cache's first S slots, S the filled length rounded up to this (0: the whole cache), one
+    graph and static compilation per S (a dynamic S gave a 5-7x slower softmax);
+    ``share_prompts`` -- each distinct prompt is prefilled once, its K/V copied to its
+    duplicates; ``blocked_draw`` -- without top-p, ``sampling._draw``'s two-level inverse CDF,
+    compiled into the step, instead of a full-vocabulary softmax and cumulative sum;
+    ``reuse_graphs`` -- ``keep_cache=False`` frees only the KV cache (one allocation, 5.6 GB at
+    1.5B) and keeps the graphs, their pool (chiefly the step's (B, vocab) logits) and the small
+    static buffers, replayed next call if the cache comes back at the same address, else
+    captured anew (``kvcache.Bucket.prepare``; ``graph_stats`` counts both); ``merged_qkv`` --
+    one [hidden -> (H + 2 KVH) D] product per layer (``decoder.MergedQKV``, compute dtype, 176
+    MB at 1.5B, copied from the live weights every call); ``group_attention`` -- rows in
+    adjacent runs of G identical prompts (GRPO) get their prompts left-padded to the cache's
+    first C - N slots (a bucket constant), which a step reads once per group
+    (``decoder.grouped_attention``). ``attention`` (decode steps): "eager" (default; HF's
+    numerics) or "flex" / "sdpa" (one fused kernel, ``decoder.fused_attention``, float32
+    scores; no faster at 1.5B on an H200; a failed compile falls back to eager).
 
     The KV cache is sized from the batch actually sampled: its rows, and its longest prompt
     plus ``max_new_tokens`` rounded up to 64 slots. A graph is captured again whenever the
@@ -124,6 +121,7 @@ class Sampler:
         attention: str = "eager",
         reuse_graphs: bool = True,
         merged_qkv: bool = True,
+        group_attention: bool = True,
     ) -> None:
         if attention not in decoder.ATTENTIONS:
             raise ValueError(f"attention {attention!r} not in {decoder.ATTENTIONS}")
@@ -133,6 +131,7 @@ class Sampler:
         self.length_round, self.share_prompts = length_round, share_prompts
         self.blocked_draw = blocked_draw
         self.reuse_graphs, self.merged_qkv = reuse_graphs, merged_qkv
+        self.group_attention = group_attention
         self._qkv: dict[torch.dtype, decoder.MergedQKV] = {}  # compute dtype -> buffer
         self.graph_stats = {"reused": 0, "cache moved": 0, "weights moved": 0}
         self.blocked_draw_compiles = True  # False once compiling the draw has failed
@@ -178,7 +177,8 @@ class Sampler:
         last_only: bool,
     ) -> torch.Tensor:
         return decoder.forward(self.model, ids, pos, bk.extra["rope"], bk.k_cache, bk.v_cache,
-                               mask, write, last_only, self.attention, bk.extra["qkv"])  # fmt: skip
+                               mask, write, last_only, self.attention, bk.extra["qkv"],
+                               bk.extra["shared"])  # fmt: skip
 
     def _forward_sample(
         self, bk: Bucket, mask: torch.Tensor, write: Any, u: torch.Tensor, temperature: float
@@ -192,11 +192,11 @@ class Sampler:
         return self.blocked_draw and self.blocked_draw_compiles and bk.key[4] >= 1.0
 
     # ------------------------------------------------------------------ buffers and graphs
-    def _bucket(self, b: int, c: int, n: int, temperature: float, top_p: float) -> Bucket:
+    def _bucket(self, b: int, c: int, n: int, temperature: float, top_p: float, g: int) -> Bucket:
         dtype = cache_dtype = self.model.model.embed_tokens.weight.dtype
         if torch.is_autocast_enabled(self.device.type):  # e.g. fp32 master weights, bf16 autocast
             cache_dtype = torch.get_autocast_dtype(self.device.type)
-        key = (b, c, n, float(temperature), float(top_p), cache_dtype)
+        key = (b, c, n, float(temperature), float(top_p), cache_dtype, g)
         bk = self._buckets.get(key)
         if bk is not None:
             self._buckets.move_to_end(key)
@@ -207,6 +207,7 @@ class Sampler:
         bk = new_bucket(key, layers=len(self.model.model.layers), rows=b, kv_heads=h_kv,
                         capacity=c, head_dim=d, new_tokens=n, cache_dtype=cache_dtype,
                         device=self.device, rope=self._rope_tables(c, dtype))  # fmt: skip
+        bk.extra["shared"] = (g, c - n) if g > 1 else None  # rows per group, shared slots
         self._buckets[key] = bk
         return bk
 
@@ -300,7 +301,11 @@ class Sampler:
         n, eos, pad = params.max_new_tokens, params.eos_token_id, params.pad_token_id
         c = -(-(p + n) // _CAPACITY_ROUND) * _CAPACITY_ROUND
         temperature, top_p = float(params.temperature), float(params.top_p)
-        bk = self._bucket(b, c, n, temperature, top_p)
+        g = decoder.group_rows(prompt_ids, prompt_mask) if self.group_attention else 1
+        if g > 1:  # every prompt fills the slots [0, c - n), which a group's rows share
+            prompt_ids = F.pad(prompt_ids, (c - n - p, 0), value=pad)
+            prompt_mask, p = F.pad(prompt_mask, (c - n - p, 0), value=False), c - n
+        bk = self._bucket(b, c, n, temperature, top_p, g)
         # decode step i (1..n-1) writes slot p+i-1 and attends to the first `lengths[i-1]`
         lengths = [
             min(c, -(-(p + i) // self.length_round) * self.length_round) if self.length_round else c

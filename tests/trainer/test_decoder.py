@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 import torch
 
-from arbiter.trainer.decoder import MergedQKV, eager_attention, fused_attention
+from arbiter.trainer.decoder import (
+    MergedQKV,
+    eager_attention,
+    fused_attention,
+    group_rows,
+    grouped_attention,
+)
 
 B, H, KVH, S, D = 4, 6, 2, 40, 16  # a head group of 3 (the 1.5B model's is 6: not a power of 2)
 
@@ -141,6 +147,70 @@ def test_merged_qkv_keeps_the_greedy_ids(model_type: str, autocast: bool) -> Non
     assert torch.equal(got[0], got[1])
     assert len(set(got[0][0].tolist())) > 3, "test model should produce varied text"
     if not autocast:
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40,
+                             do_sample=False, eos_token_id=None, pad_token_id=0, top_k=None,
+                             temperature=None, top_p=None)  # fmt: skip
+        assert torch.equal(got[0], out[:, ids.shape[1] :])
+
+
+@pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
+def test_grouped_attention_equals_eager(dtype: torch.dtype, tol: float) -> None:
+    """Rows in groups of 2 share their first 24 slots (a group's prompt): reading them once per
+    group gives eager's output; a row whose shared slots differed would not (they are read
+    from the group's first row only)."""
+    g = torch.Generator().manual_seed(0)
+    shared = 24
+    q = torch.randn(B, H, 1, D, generator=g).to(dtype)
+    k, v = (torch.randn(B, KVH, S, D, generator=g).to(dtype) for _ in range(2))
+    k[1::2, :, :shared], v[1::2, :, :shared] = k[::2, :, :shared], v[::2, :, :shared]
+    mask = torch.arange(S)[None, None] <= torch.tensor([30, 31, 35, 36])[:, None, None]
+    mask[:, :, :5] = False  # left padding, the same in both rows of a group
+    mask[2:, :, :9] = False
+    bias = torch.zeros(mask.shape).masked_fill(~mask, torch.finfo(torch.float32).min)
+    bias = bias[:, None, None]
+    ref = eager_attention(q, k, v, bias, D**-0.5, dtype).float()
+    got = grouped_attention(q, k, v, bias, D**-0.5, dtype, 2, shared).float()
+    torch.testing.assert_close(got, ref, rtol=tol, atol=tol)
+    k[1, :, 7] += 1.0  # row 1's shared slot no longer its group's: not what it reads
+    assert not torch.allclose(eager_attention(q, k, v, bias, D**-0.5, dtype).float(), got)
+
+
+def test_group_rows_finds_adjacent_runs_of_a_prompt() -> None:
+    a, b, c = ([x] * 3 for x in (1, 2, 3))
+    ids = torch.tensor([a, a, a, b, b, b])
+    mask = torch.ones_like(ids)
+    assert group_rows(ids, mask) == 3
+    assert group_rows(torch.tensor([a, a, a, a]), torch.ones(4, 3)) == 4
+    assert group_rows(torch.tensor([a, a, b, b, a, a]), torch.ones(6, 3)) == 2
+    assert group_rows(torch.tensor([a, a, a, a, b, b]), torch.ones(6, 3)) == 1  # runs of 4 and 2
+    assert group_rows(torch.tensor([a, b, a, b]), torch.ones(4, 3)) == 1  # not adjacent
+    assert group_rows(torch.tensor([a, b, c]), torch.ones(3, 3)) == 1
+    mask[1, 0] = 0  # the same ids, another mask: another prompt
+    assert group_rows(ids, mask) == 1
+    pad = torch.tensor([[0, 5, 6], [9, 5, 6]])  # ids under the padding do not count
+    assert group_rows(pad, torch.tensor([[0, 1, 1], [0, 1, 1]])) == 2
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_grouped_attention_keeps_the_samples(temperature: float) -> None:
+    """The sampler on GRPO-style rows (groups of 3, prompts of several lengths) with and without
+    group_attention: the same greedy ids (also HF's) and the same seeded samples."""
+    from arbiter.trainer.generation import Sampler, SamplingParams
+
+    model = _qwen("qwen2")
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(1, 96, (3, 9), generator=g).repeat_interleave(3, 0)
+    mask = torch.ones_like(ids)
+    mask[3:6, :4] = 0  # left padding
+    mask[6:, :2] = 0
+    got = []
+    for on in (True, False):
+        gen = torch.Generator().manual_seed(3)
+        params = SamplingParams(40, -1, 0, temperature=temperature, generator=gen)
+        got.append(Sampler(model, group_attention=on)(ids, mask, params)[0])
+    assert torch.equal(got[0], got[1])
+    assert len(set(got[0][0].tolist())) > 3, "test model should produce varied text"
+    if temperature == 0.0:
         out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=40,
                              do_sample=False, eos_token_id=None, pad_token_id=0, top_k=None,
                              temperature=None, top_p=None)  # fmt: skip
