@@ -49,10 +49,12 @@ VARIANTS: dict[str, dict[str, Any]] = {  # name -> Sampler options (compiled + g
     "after_no_share_prompts": {"share_prompts": False},
     "after_flex_attention": {"attention": "flex"},  # one fused decode-attention kernel
     "after_sdpa_attention": {"attention": "sdpa"},
+    # the session's sampler changes off: grouped attention, merged q/k/v product
+    "after_ungrouped": {"group_attention": False, "merged_qkv": False},
     # inductor autotunes the decode step's matrix products (Triton templates vs cuBLAS)
     "after_autotune": {"inductor": {"max_autotune_gemm": True}},
 }
-CHECKED = ("before", "after", "after_flex_attention")  # sampled, greedy, kernel tables
+CHECKED = ("before", "after", "after_flex_attention", "after_ungrouped")  # sampled, greedy, kernels
 
 
 def nll(

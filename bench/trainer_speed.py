@@ -132,11 +132,8 @@ def _grpo_steps(
     if cfg.gradient_checkpointing:
         enable_gradient_checkpointing(model)
     model.train()
-    sampler = Sampler(
-        model,
-        compile=None if opts.compile_sampler else False,
-        keep_cache=not opts.free_sampler_cache,
-    )
+    sampler = Sampler(model, compile=None if opts.compile_sampler else False,
+                      keep_cache=not opts.free_sampler_cache)  # fmt: skip
     kind = "graphs" if sampler.use_graphs else "eager"
     res["steps_sampler"] = f"compiled + {kind}" if sampler.compiled else kind
     opt, _ = build_optimizer(model, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0)
@@ -187,7 +184,7 @@ def _grpo_steps(
             }
         )
         print("step", rows[-1], flush=True)
-    steady = rows[WARMUP:]
+    steady, res["sampler_graphs"] = rows[WARMUP:], dict(sampler.graph_stats)
     tot = sum(r["s"] for r in steady)
     res["steps"] = [
         {k: round(v, 4) if isinstance(v, float) else v for k, v in r.items()} for r in rows
