@@ -37,9 +37,8 @@ picks the attention kernels), and the host checks "all rows done" only every few
 Weights are read from the live parameters (the merged q/k/v buffer is copied from them
 before each call), so optimizer updates between calls are seen without re-capture. With
 ``keep_cache=False`` only the KV cache is freed after a call; the graphs are replayed by the
-next call if the cache comes back at the same address, captured anew otherwise. A group's
-rows read their shared prompt's K/V once per decode step. On CPU the same code runs eagerly
-(that is what the CPU tests exercise).
+next call if the cache comes back at the same address, captured anew otherwise. On CPU the
+same code runs eagerly (that is what the CPU tests exercise).
 """
 
 from __future__ import annotations
@@ -82,7 +81,7 @@ class Sampler:
     ``keep_cache``: keep each bucket's KV cache and graphs for the next call of the same
     shape; False frees the cache when the call returns (the memory goes back to training).
 
-    Exact shortcuts, each on by default (off: as before them, for the benchmark's before/after;
+    Exact shortcuts, on by default but the last (off: as before them, for before/after;
     a GEMM may order its sums differently): ``length_round`` -- a step attends only to the
     cache's first S slots, S the filled length rounded up to this (0: the whole cache), one
     graph and static compilation per S (a dynamic S gave a 5-7x slower softmax);
@@ -97,7 +96,8 @@ class Sampler:
     MB at 1.5B, copied from the live weights every call); ``group_attention`` -- rows in
     adjacent runs of G identical prompts (GRPO) get their prompts left-padded to the cache's
     first C - N slots (a bucket constant), which a step reads once per group
-    (``decoder.grouped_attention``). ``attention`` (decode steps): "eager" (default; HF's
+    (``decoder.grouped_attention``; off by default: compiled, 11 % slower on an H100).
+    ``attention`` (decode steps): "eager" (default; HF's
     numerics) or "flex" / "sdpa" (one fused kernel, ``decoder.fused_attention``, float32
     scores; no faster at 1.5B on an H200; a failed compile falls back to eager).
 
@@ -121,7 +121,7 @@ class Sampler:
         attention: str = "eager",
         reuse_graphs: bool = True,
         merged_qkv: bool = True,
-        group_attention: bool = True,
+        group_attention: bool = False,
     ) -> None:
         if attention not in decoder.ATTENTIONS:
             raise ValueError(f"attention {attention!r} not in {decoder.ATTENTIONS}")
