@@ -23,22 +23,17 @@ Interface (stable; the trainer uses only this)::
 - Log-probs are NOT returned: the trainer recomputes them with its training forward.
 
 How it is fast (Qwen2/Qwen3/Llama/Mistral-shaped decoders, default-style RoPE, no sliding
-window; anything else falls back to plain ``model.generate``): the decoder is run by a small
-functional forward that reuses the model's own modules (norms, projections, MLP, embeddings,
-rotary tables) over a static KV cache ``(B, kv_heads, C, head_dim)`` per layer (views of one
-allocation, ``trainer.kvcache``), with the capacity C rounded up so batches of similar length
-share one cache. Each layer's q, k and v come from one product with a merged weight buffer
-(``decoder.MergedQKV``, refreshed from the live parameters at every call). Prompts are prefilled
-eagerly, each distinct prompt once (whole rows, about 8k prompt tokens per forward, so the
-prefill's activations stay small beside the cache); each decode step (forward, sampling, EOS
-bookkeeping) is one CUDA-graph replay over static buffers, attending only to the cache's
-filled slots rounded up to 128 (one graph per such length; ``Sampler(attention=...)``
-picks the attention kernels), and the host checks "all rows done" only every few steps.
-Weights are read from the live parameters (the merged q/k/v buffer is copied from them
-before each call), so optimizer updates between calls are seen without re-capture. With
-``keep_cache=False`` only the KV cache is freed after a call; the graphs are replayed by the
-next call if the cache comes back at the same address, captured anew otherwise. On CPU the
-same code runs eagerly (that is what the CPU tests exercise).
+window; else plain ``model.generate``): a small functional forward reuses the model's own
+modules over a static KV cache ``(B, kv_heads, C, head_dim)`` per layer (views of one
+allocation, ``trainer.kvcache``; C rounded up so similar batches share it); q, k and v come
+from one product with a merged weight (``decoder.MergedQKV``, copied from the live weights
+every call). Each distinct prompt is prefilled once, eagerly (about 8k prompt tokens per
+forward); each decode step (forward, sampling, EOS bookkeeping) is one CUDA-graph replay over
+static buffers, attending only to the filled slots rounded up to 128 (one graph per length),
+and the host checks "all rows done" every few steps. Weights are read live, so optimizer
+updates are seen without re-capture. ``keep_cache=False`` frees only the KV cache; the next
+call replays the graphs if it comes back at the same address, else captures anew. On CPU
+the same code runs eagerly (that is what the CPU tests exercise).
 """
 
 from __future__ import annotations
@@ -238,8 +233,7 @@ class Sampler:
         bk.step += 1
 
     def _capture_or_uncompile(self, bk: Bucket, s: int) -> None:
-        """Capture the decode step; if compiling it fails, first draw outside the compiled
-        function, then capture the eager step."""
+        """Capture the decode step; if compiling fails, draw eagerly, then run it eagerly."""
         try:
             self._capture(bk, s)
         except Exception as e:
@@ -257,14 +251,22 @@ class Sampler:
                 self._decode_sample = self._forward_sample
             self._capture_or_uncompile(bk, s)
 
+    def _warm_up(self, bk: Bucket, s: int) -> None:
+        """Two decode steps before a capture (allocator, cuBLAS handles, lazy init) from
+        in-range indices: a kept bucket holds the last call's end (step == N, slot == C), and
+        its cache is scratch until the prefill."""
+        for _ in range(2):
+            bk.slot.zero_(), bk.step.zero_(), bk.pos.zero_()
+            self._decode_step(bk, s)
+
     def _capture(self, bk: Bucket, s: int) -> None:
         saved = [x.clone() for x in (bk.valid, bk.tokens, bk.pos, bk.slot, bk.step, bk.done)]
         stream = warmup_stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
-            for _ in range(2):  # warm-up: allocator, cuBLAS handles, lazy init
-                self._decode_step(bk, s)
+            self._warm_up(bk, s)
         torch.cuda.current_stream(self.device).wait_stream(stream)
+        bk.slot.zero_(), bk.step.zero_(), bk.pos.zero_()  # in range (the graph keeps no values)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
@@ -324,8 +326,7 @@ class Sampler:
             for s in sorted(set(lengths)):
                 if s not in bk.graphs:
                     self._capture_or_uncompile(bk, s)
-        bk.extra["eos_t"].fill_(eos)
-        bk.extra["pad_t"].fill_(pad)
+        bk.extra["eos_t"].fill_(eos), bk.extra["pad_t"].fill_(pad)
         logits = decoder.prefill(
             self.model, bk.extra["rope"], bk.k_cache, bk.v_cache, prompt_ids, prompt_mask,
             share=self.share_prompts, tokens_per_forward=_PREFILL_TOKENS, qkv=bk.extra["qkv"],
@@ -340,8 +341,7 @@ class Sampler:
         bk.done.copy_(first == eos)
         bk.tokens.copy_(first)
         bk.pos.copy_(prompt_mask.long().sum(-1))
-        bk.slot.fill_(p)
-        bk.step.fill_(1)
+        bk.slot.fill_(p), bk.step.fill_(1)
         for i in range(1, n):
             if (i - 1) % self.check_every == 0 and bool(bk.done.all()):
                 break

@@ -164,3 +164,20 @@ def test_freed_cache_memory_is_released(
     kept(enc.input_ids, enc.attention_mask, params)
     gc.collect()
     assert refs[-1]() is not None  # the control: a kept cache is still referenced
+
+
+def test_capture_warms_up_from_in_range_state(tiny: tuple[Any, Any]) -> None:
+    """A kept bucket holds the last call's end state (step == N, slot past the prompt and the
+    new tokens); capturing anew (the cache or the weights moved) first runs two eager steps,
+    which must not index past the noise rows or the cache (on a GPU: a device-side assert)."""
+    model, tok = tiny
+    enc = tok(PROMPTS, return_tensors="pt", padding=True)
+    params = SamplingParams(20, -1, tok.pad_token_id, temperature=0.0)
+    sampler = Sampler(model)
+    sampler(enc.input_ids, enc.attention_mask, params)
+    (bk,) = sampler._buckets.values()
+    assert int(bk.step) >= 19  # the end of the last call
+    s = bk.key[1]
+    with torch.no_grad():
+        sampler._warm_up(bk, s)  # IndexError before the reset
+    assert int(bk.step) == 1 and int(bk.slot) == 1
