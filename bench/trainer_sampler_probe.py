@@ -51,6 +51,9 @@ VARIANTS: dict[str, dict[str, Any]] = {  # name -> Sampler options (compiled + g
     "after_sdpa_attention": {"attention": "sdpa"},
     # the session's sampler changes off: grouped attention, merged q/k/v product
     "after_ungrouped": {"group_attention": False, "merged_qkv": False},
+    # attending to the whole cache (one graph, one compile): grouped attention on / off
+    "whole_grouped": {"length_round": 0},
+    "whole_ungrouped": {"length_round": 0, "group_attention": False},
     # inductor autotunes the decode step's matrix products (Triton templates vs cuBLAS)
     "after_autotune": {"inductor": {"max_autotune_gemm": True}},
 }
