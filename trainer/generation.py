@@ -76,23 +76,22 @@ class Sampler:
     ``keep_cache``: keep each bucket's KV cache and graphs for the next call of the same
     shape; False frees the cache when the call returns (the memory goes back to training).
 
-    Exact shortcuts, on by default but the last (off: as before them, for before/after;
-    a GEMM may order its sums differently): ``length_round`` -- a step attends only to the
-    cache's first S slots, S the filled length rounded up to this (0: the whole cache), one
-    graph and static compilation per S (a dynamic S gave a 5-7x slower softmax);
-    ``share_prompts`` -- each distinct prompt is prefilled once, its K/V copied to its
-    duplicates; ``blocked_draw`` -- without top-p, ``sampling._draw``'s two-level inverse CDF,
-    compiled into the step, instead of a full-vocabulary softmax and cumulative sum;
-    ``reuse_graphs`` -- ``keep_cache=False`` frees only the KV cache (one allocation, 5.6 GB at
-    1.5B) and keeps the graphs, their pool (chiefly the step's (B, vocab) logits) and the small
-    static buffers, replayed next call if the cache comes back at the same address, else
-    captured anew (``kvcache.Bucket.prepare``; ``graph_stats`` counts both); ``merged_qkv`` --
-    one [hidden -> (H + 2 KVH) D] product per layer (``decoder.MergedQKV``, compute dtype, 176
-    MB at 1.5B, copied from the live weights every call); ``group_attention`` -- rows in
+    Exact shortcuts (off: as before them, for before/after; a GEMM may order its sums
+    differently): ``length_round`` -- a step attends only to the cache's first S slots, S the
+    filled length rounded up to this (0: the whole cache), one graph and static compilation
+    per S (a dynamic S gave a 5-7x slower softmax); ``share_prompts`` -- each distinct prompt
+    is prefilled once, its K/V copied to its duplicates; ``blocked_draw`` -- without top-p,
+    ``sampling._draw``'s two-level inverse CDF, compiled into the step, instead of a
+    full-vocabulary softmax and cumulative sum; ``merged_qkv`` -- one [hidden -> (H + 2 KVH)
+    D] product per layer (``decoder.MergedQKV``, compute dtype, 176 MB at 1.5B, copied from
+    the live weights every call). Off by default: ``reuse_graphs`` -- ``keep_cache=False``
+    frees only the KV cache (one allocation, 5.6 GB at 1.5B) and keeps the graphs, their pool
+    and the small static buffers, replayed next call if the cache comes back at the same
+    address, else captured anew (``kvcache.Bucket.prepare``, ``graph_stats``; in the 1.5B
+    benchmark the cache never came back at its address); ``group_attention`` -- rows in
     adjacent runs of G identical prompts (GRPO) get their prompts left-padded to the cache's
-    first C - N slots (a bucket constant), which a step reads once per group
-    (``decoder.grouped_attention``; off by default: compiled, 11 % slower on an H100).
-    ``attention`` (decode steps): "eager" (default; HF's
+    first C - N slots, which a step reads once per group (``decoder.grouped_attention``;
+    compiled, 11 % slower on an H100). ``attention`` (decode steps): "eager" (default; HF's
     numerics) or "flex" / "sdpa" (one fused kernel, ``decoder.fused_attention``, float32
     scores; no faster at 1.5B on an H200; a failed compile falls back to eager).
 
@@ -114,7 +113,7 @@ class Sampler:
         share_prompts: bool = True,
         blocked_draw: bool = True,
         attention: str = "eager",
-        reuse_graphs: bool = True,
+        reuse_graphs: bool = False,
         merged_qkv: bool = True,
         group_attention: bool = False,
     ) -> None:
@@ -317,8 +316,9 @@ class Sampler:
         bk.extra["qkv"] = None if qkv is None else qkv.layers
         weights = tuple(p.data_ptr() for p in self.model.parameters())
         dropped = bk.prepare(0 if qkv is None else qkv.data_ptr(), weights)
-        if dropped is not None:
+        if dropped is not None:  # a fresh pool: the dropped graphs' one may be released
             self.graph_stats[dropped] += 1
+            self._pool = None
             log.info("sampler: %s since the graphs were captured; capturing anew", dropped)
         elif bk.graphs:
             self.graph_stats["reused"] += 1

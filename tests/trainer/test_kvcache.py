@@ -118,7 +118,7 @@ def test_sampler_replays_kept_graphs_only_over_their_cache(
     ref, _ = Sampler(model)(enc.input_ids, enc.attention_mask, params)
     pool = _Pool()
     monkeypatch.setattr(kvcache, "alloc_cache", pool)
-    sampler = Sampler(model, use_cuda_graphs=True, keep_cache=False)
+    sampler = Sampler(model, use_cuda_graphs=True, keep_cache=False, reuse_graphs=True)
     captured: list[_FakeGraph] = []
 
     def capture(bk: kvcache.Bucket, s: int) -> None:
