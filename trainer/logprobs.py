@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from arbiter.trainer import prefix
+from arbiter.trainer import prefix, regional
 
 
 def token_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -303,28 +303,13 @@ def _head_returns_logprobs(
 
 @contextlib.contextmanager
 def _compiled_layers(model: Any, compile: bool) -> Iterator[None]:
-    """Run each decoder layer's forward through torch.compile for one call (regional
-    compilation: every layer runs the same compiled function, the layer an argument). A
-    layer set to gradient checkpointing is checkpointed inside the compiled function (the
-    layer's own checkpointing is off meanwhile): a compiled forward under an eager
-    checkpoint would be recomputed eagerly, with other saved tensors than the forward's."""
+    """Run each decoder layer's forward through torch.compile for one call (``regional``)."""
     layers = getattr(getattr(_unwrap(model), "model", None), "layers", None) if compile else None
     if not layers:
         yield
         return
-    ckpt = [bool(getattr(layer, "gradient_checkpointing", False)) for layer in layers]
-    for layer, c in zip(layers, ckpt, strict=True):
-        fn = _maybe_compiled(_layer_forward_checkpointed if c else _layer_forward, True)
-        layer.forward = functools.partial(fn, layer)
-        if c:
-            layer.gradient_checkpointing = False
-    try:
+    with regional.layers_swapped(layers, _layer_forward, _layer_forward_checkpointed, True):
         yield
-    finally:
-        for layer, c in zip(layers, ckpt, strict=True):
-            del layer.forward
-            if c:
-                layer.gradient_checkpointing = True
 
 
 def _layer_forward(layer: Any, *args: Any, **kwargs: Any) -> Any:

@@ -28,9 +28,7 @@ it, as ``trainer.logprobs`` does for the plain forward.
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from arbiter.trainer import decoder
+from arbiter.trainer import decoder, regional
 
 
 @dataclass
@@ -95,7 +93,7 @@ def hidden_states(model: Any, pl: Plan, compile: bool = False) -> torch.Tensor:
     ids = torch.cat([pl.prompt_ids.reshape(-1), pl.comp_ids.reshape(-1)])
     x = inner.embed_tokens(ids)  # (u * pp + rows * n, H)
     cos, sin = inner.rotary_emb(x[None], pl.positions[None])
-    with _layers_swapped(inner.layers, compile):
+    with regional.layers_swapped(inner.layers, _layer, _layer_checkpointed, compile):
         for layer in inner.layers:
             x = layer(x, cos[0], sin[0], pl.inverse, pl.first, pl.mask, u, pp, rows, n)
     last = x[: u * pp].view(u, pp, -1)[:, -1].index_select(0, pl.inverse)  # (rows, H)
@@ -159,32 +157,6 @@ def _layer_checkpointed(layer: Any, *args: Any) -> torch.Tensor:
     if not (layer.training and torch.is_grad_enabled()):
         return _layer(layer, *args)
     return checkpoint(functools.partial(_layer, layer), *args, use_reentrant=False)
-
-
-_COMPILED: dict[bool, Any] = {}
-
-
-@contextlib.contextmanager
-def _layers_swapped(layers: Any, compile: bool) -> Iterator[None]:
-    """Each layer's forward is ``_layer`` (checkpointed where the layer is set to gradient
-    checkpointing) for one call; compiled once for every layer when ``compile``."""
-    ckpt = [bool(getattr(layer, "gradient_checkpointing", False)) for layer in layers]
-    for layer, c in zip(layers, ckpt, strict=True):
-        fn: Any = _layer_checkpointed if c else _layer
-        if compile:
-            if c not in _COMPILED:
-                _COMPILED[c] = torch.compile(fn)
-            fn = _COMPILED[c]
-        layer.forward = functools.partial(fn, layer)
-        if c:
-            layer.gradient_checkpointing = False
-    try:
-        yield
-    finally:
-        for layer, c in zip(layers, ckpt, strict=True):
-            del layer.forward
-            if c:
-                layer.gradient_checkpointing = True
 
 
 def supported(model: Any) -> bool:

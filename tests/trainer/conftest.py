@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,3 +34,23 @@ def tiny_model_small_vocab(tmp_path_factory: pytest.TempPathFactory, gsm8k_dir: 
     """The tiny model with a ~400-token vocabulary: a random policy hits a given digit ~5x
     as often as with the default 2,052 tokens, so the toy task starts learning sooner."""
     return build(tmp_path_factory.mktemp("tiny-model-400") / "model", gsm8k_dir, vocab_size=400)
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
+    """The tiny model loaded for the sampler tests (fp32, eval), and its left-padding
+    tokenizer; random init at std 0.02 repeats one token forever, larger weights give varied
+    greedy text."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = build(tmp_path_factory.mktemp("tiny") / "m", None)
+    tok = AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.15)
+    return model.eval(), tok

@@ -30,24 +30,6 @@ PROMPTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = build(Path(tmp_path_factory.mktemp("tiny")) / "m", None)
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    # random init at std 0.02 repeats one token forever; larger weights give varied greedy text
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.15)
-    model.eval()
-    return model, tok
-
-
 def _enc(tok: Any, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
     enc = tok(prompts, return_tensors="pt", padding=True)
     return enc.input_ids, enc.attention_mask

@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import gc
 import weakref
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from arbiter.tiny_model import build
 from arbiter.trainer import kvcache
 from arbiter.trainer.generation import Sampler, SamplingParams
 from arbiter.trainer.kvcache import Addresses, new_bucket, replayable
@@ -89,22 +87,6 @@ class _FakeGraph:
         assert self.bk.cache is not None and self.bk.cache.data_ptr() == self.cache_ptr
         self.replays += 1
         self.sampler._decode_step(self.bk, self.s)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    path = build(Path(tmp_path_factory.mktemp("tiny")) / "m", None)
-    tok = AutoTokenizer.from_pretrained(path)
-    tok.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, 0.15)
-    return model.eval(), tok
 
 
 def test_sampler_replays_kept_graphs_only_over_their_cache(
