@@ -219,6 +219,8 @@ def time_sampler(
 def run_tokens(roll: Any, micro_batch: int, shared_prefix: bool) -> int:
     """Tokens the training forward runs: the real ones, less, with ``shared_prefix``, the
     prompt tokens of rows whose prompt another row of their micro-batch already runs."""
+    from arbiter.trainer.decoder import distinct_rows
+
     total = int(roll.attention_mask.sum())
     if not shared_prefix:
         return total
@@ -228,9 +230,8 @@ def run_tokens(roll: Any, micro_batch: int, shared_prefix: bool) -> int:
             roll.input_ids[s : s + micro_batch, :p],
             roll.attention_mask[s : s + micro_batch, :p],
         )
-        key = ids.masked_fill(~mask.bool(), -1)
-        uniq = torch.unique(key, dim=0)
-        total -= int(mask.sum()) - int((uniq >= 0).sum())
+        _, first = distinct_rows(ids, mask)
+        total -= int(mask.sum()) - int(mask[first].sum())
     return total
 
 

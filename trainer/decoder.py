@@ -34,7 +34,7 @@ SUPPORTED_TYPES = {"qwen2", "qwen3", "llama", "mistral"}
 POSITION_FREE_ROPE = {"default", "linear", "llama3", "yarn"}
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
@@ -280,8 +280,8 @@ def forward(
         if hasattr(attn, "q_norm"):
             q, k = attn.q_norm(q), attn.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = q * cos + _rotate_half(q) * sin
-        k = k * cos + _rotate_half(k) * sin
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
         write(k_cache[li], k)
         write(v_cache[li], v)
         keys = k_cache[li][:, :, :s]  # (B, KVH, S, D)
@@ -299,6 +299,17 @@ def forward(
         x = x[:, -1:]
     x = inner.norm(x)
     return model.lm_head(x)[:, -1].float()
+
+
+def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of ``ids`` (B, P), a row being its tokens where ``mask`` is set:
+    ``inverse`` (B,), the distinct row of each row, and ``first`` (U,), the first row of each
+    distinct one. One host sync (the count U)."""
+    key = ids.masked_fill(~mask.bool(), -1)
+    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
+    first = torch.full((uniq.shape[0],), len(ids), device=ids.device, dtype=torch.long)
+    first.scatter_reduce_(0, inverse, torch.arange(len(ids), device=ids.device), "amin")
+    return inverse, first
 
 
 def prefill(
@@ -323,11 +334,8 @@ def prefill(
     pos = (prompt_mask.long().cumsum(-1) - 1).clamp_(min=0)
     inverse = None
     if share and b > 1:
-        key = prompt_ids.masked_fill(~prompt_mask, -1)
-        uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
-        if uniq.shape[0] < b:
-            first = torch.full((uniq.shape[0],), b, device=dev, dtype=torch.long)
-            first.scatter_reduce_(0, inverse, torch.arange(b, device=dev), "amin")
+        inverse, first = distinct_rows(prompt_ids, prompt_mask)
+        if len(first) < b:
             prompt_ids, prompt_mask, pos = prompt_ids[first], prompt_mask[first], pos[first]
         else:
             inverse = None

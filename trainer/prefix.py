@@ -61,13 +61,9 @@ def plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> Plan 
         return None
     dev = input_ids.device
     mask = attention_mask.bool()
-    key = input_ids[:, :p].masked_fill(~mask[:, :p], -1)
-    uniq, inverse = torch.unique(key, dim=0, return_inverse=True)
-    u = uniq.shape[0]
-    if u == rows:
+    inverse, first = decoder.distinct_rows(input_ids[:, :p], mask[:, :p])
+    if len(first) == rows:
         return None
-    first = torch.full((u,), rows, device=dev, dtype=torch.long)
-    first.scatter_reduce_(0, inverse, torch.arange(rows, device=dev), "amin")
     start = int(mask[:, :p].any(0).long().argmax())  # the left padding every row has
     mask, pp = mask[:, start:], p - start
     pos = (mask.long().cumsum(-1) - 1).clamp(min=0)  # as the plain forward's
@@ -101,11 +97,6 @@ def hidden_states(model: Any, pl: Plan, compile: bool = False) -> torch.Tensor:
     return inner.norm(h)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def _layer(
     layer: Any,
     x: torch.Tensor,  # (T, H), the prompt stream's tokens first
@@ -130,8 +121,8 @@ def _layer(
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
     c, sn = cos[:, None], sin[:, None]
-    q = q * c + _rotate_half(q) * sn
-    k = k * c + _rotate_half(k) * sn
+    q = q * c + decoder.rotate_half(q) * sn
+    k = k * c + decoder.rotate_half(k) * sn
     tp = u * pp
 
     def rows_of(t: torch.Tensor) -> torch.Tensor:  # (T, heads, d) -> (rows, heads, pp + n, d)
