@@ -23,13 +23,11 @@ evaluation never run the compiled layers.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from arbiter.trainer import prefix, regional
 
@@ -81,15 +79,15 @@ def completion_logprobs(
     real token are then not the plain forward's (they carry no loss)."""
     targets = input_ids[:, -n_completion:]
     plan = shared_prefix if isinstance(shared_prefix, prefix.Plan) else None
-    if shared_prefix is True and chunk_tokens > 0 and prefix.supported(_unwrap(model)):
-        plan = prefix.plan(input_ids, attention_mask, n_completion)
+    if shared_prefix is True:
+        plan = _plan(model, input_ids, attention_mask, n_completion, chunk_tokens)
     if plan is not None:
         return _shared_prefix_logprobs(model, plan, targets, chunk_tokens, compile)
     with _compiled_layers(model, compile):
         if chunk_tokens <= 0:
             logits = completion_logits(model, input_ids, attention_mask, n_completion)
             return token_logprobs(logits, targets), token_entropy(logits.detach())
-        head = _unwrap(model).get_output_embeddings()
+        head = _bias_free_head(_unwrap(model))
         entropy: list[torch.Tensor] = []
         with _head_returns_logprobs(head, targets, chunk_tokens, entropy, compile):
             out = model(**_forward_kwargs(input_ids, attention_mask, n_completion))
@@ -103,11 +101,7 @@ def _shared_prefix_logprobs(
     one call (so a DDP or FSDP2 wrapper's hooks run as usual) for the two-stream forward and
     the chunked head."""
     inner = _unwrap(model)
-    head = inner.get_output_embeddings()
-    if getattr(head, "bias", None) is not None:
-        raise ValueError(
-            "chunked log-probs need a bias-free output head; set logprob_chunk_tokens=0"
-        )
+    head = _bias_free_head(inner)
 
     def forward(*_: Any, **__: Any) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = prefix.hidden_states(inner, plan, compile)
@@ -145,15 +139,35 @@ def micro_batches(
     wait, every micro-batch, for the GPU work queued ahead."""
     n = loss_mask.shape[1]
     spans = trim_spans(attention_mask, loss_mask, size) if trim else []
-    share = shared_prefix and chunk_tokens > 0 and prefix.supported(_unwrap(model))
     out = []
     for k, s in enumerate(range(0, len(input_ids), size)):
         sl = slice(s, s + size)
         ids, attn, keep = input_ids[sl], attention_mask[sl], n
         if trim:
             ids, attn, keep = trimmed(ids, attn, n, spans[k])
-        out.append(MicroBatch(sl, ids, attn, keep, prefix.plan(ids, attn, keep) if share else None))
+        plan = _plan(model, ids, attn, keep, chunk_tokens) if shared_prefix else None
+        out.append(MicroBatch(sl, ids, attn, keep, plan))
     return out
+
+
+def _plan(
+    model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int, chunk_tokens: int
+) -> prefix.Plan | None:
+    """The shared-prefix plan where it applies: a chunked head, a supported model, rows that
+    share a prompt."""
+    if chunk_tokens <= 0 or not prefix.supported(_unwrap(model)):
+        return None
+    return prefix.plan(input_ids, attention_mask, n)
+
+
+def _bias_free_head(model: Any) -> Any:
+    """The causal LM's output head; the chunked log-probs need it bias-free."""
+    head = model.get_output_embeddings()
+    if getattr(head, "bias", None) is not None:
+        raise ValueError(
+            "chunked log-probs need a bias-free output head; set logprob_chunk_tokens=0"
+        )
+    return head
 
 
 def trim_padding(
@@ -284,10 +298,6 @@ def _head_returns_logprobs(
 ) -> Iterator[None]:
     """Make ``head`` (the LM head, a bias-free Linear) map hidden states (S, N + 1, H) to
     the log-probs (S, N) of ``targets`` for one call; the entropies go to ``entropy``."""
-    if getattr(head, "bias", None) is not None:
-        raise ValueError(
-            "chunked log-probs need a bias-free output head; set logprob_chunk_tokens=0"
-        )
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
         logps, ent = chunked_logprobs(hidden[:, :-1], head.weight, targets, chunk_tokens, compile)
@@ -308,19 +318,12 @@ def _compiled_layers(model: Any, compile: bool) -> Iterator[None]:
     if not layers:
         yield
         return
-    with regional.layers_swapped(layers, _layer_forward, _layer_forward_checkpointed, True):
+    with regional.layers_swapped(layers, _layer_forward, True):
         yield
 
 
 def _layer_forward(layer: Any, *args: Any, **kwargs: Any) -> Any:
     return type(layer).forward(layer, *args, **kwargs)
-
-
-def _layer_forward_checkpointed(layer: Any, *args: Any, **kwargs: Any) -> Any:
-    if not (layer.training and torch.is_grad_enabled()):
-        return type(layer).forward(layer, *args, **kwargs)
-    fwd = functools.partial(type(layer).forward, layer, **kwargs)
-    return checkpoint(fwd, *args, use_reentrant=False)
 
 
 def _forward_kwargs(

@@ -28,13 +28,11 @@ it, as ``trainer.logprobs`` does for the plain forward.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from arbiter.trainer import decoder, regional
 
@@ -89,7 +87,7 @@ def hidden_states(model: Any, pl: Plan, compile: bool = False) -> torch.Tensor:
     ids = torch.cat([pl.prompt_ids.reshape(-1), pl.comp_ids.reshape(-1)])
     x = inner.embed_tokens(ids)  # (u * pp + rows * n, H)
     cos, sin = inner.rotary_emb(x[None], pl.positions[None])
-    with regional.layers_swapped(inner.layers, _layer, _layer_checkpointed, compile):
+    with regional.layers_swapped(inner.layers, _layer, compile):
         for layer in inner.layers:
             x = layer(x, cos[0], sin[0], pl.inverse, pl.first, pl.mask, u, pp, rows, n)
     last = x[: u * pp].view(u, pp, -1)[:, -1].index_select(0, pl.inverse)  # (rows, H)
@@ -142,12 +140,6 @@ def _layer(
     o = torch.cat([prompt_o, o[:, pp:].reshape(rows * n, h_q * d)])
     x = x + attn.o_proj(o)
     return x + layer.mlp(layer.post_attention_layernorm(x))
-
-
-def _layer_checkpointed(layer: Any, *args: Any) -> torch.Tensor:
-    if not (layer.training and torch.is_grad_enabled()):
-        return _layer(layer, *args)
-    return checkpoint(functools.partial(_layer, layer), *args, use_reentrant=False)
 
 
 def supported(model: Any) -> bool:

@@ -17,20 +17,36 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 _COMPILED: dict[Callable[..., Any], Callable[..., Any]] = {}
 
 
+_CHECKPOINTED: dict[Callable[..., Any], Callable[..., Any]] = {}
+
+
+def checkpointed(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn(layer, ...)`` recomputed in backward (non-reentrant checkpoint) when the layer
+    trains with grad enabled; one wrapper per ``fn``, so its compilation is cached too."""
+    if fn not in _CHECKPOINTED:
+
+        def run(layer: Any, *args: Any, **kwargs: Any) -> Any:
+            if not (layer.training and torch.is_grad_enabled()):
+                return fn(layer, *args, **kwargs)
+            return checkpoint(functools.partial(fn, layer, **kwargs), *args, use_reentrant=False)
+
+        _CHECKPOINTED[fn] = run
+    return _CHECKPOINTED[fn]
+
+
 @contextlib.contextmanager
-def layers_swapped(
-    layers: Any, plain: Callable[..., Any], checkpointed: Callable[..., Any], compile: bool
-) -> Iterator[None]:
-    """Each layer's forward is ``plain(layer, ...)``, or ``checkpointed(layer, ...)`` for a
+def layers_swapped(layers: Any, plain: Callable[..., Any], compile: bool) -> Iterator[None]:
+    """Each layer's forward is ``plain(layer, ...)``, checkpointed (``checkpointed``) for a
     layer set to gradient checkpointing, for the duration of the block; torch.compile'd once
     per function when ``compile``."""
     ckpt = [bool(getattr(layer, "gradient_checkpointing", False)) for layer in layers]
     for layer, c in zip(layers, ckpt, strict=True):
-        fn = checkpointed if c else plain
+        fn = checkpointed(plain) if c else plain
         if compile:
             if fn not in _COMPILED:
                 _COMPILED[fn] = torch.compile(fn)
