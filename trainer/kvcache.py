@@ -68,7 +68,6 @@ class Bucket:
     v_cache: list[torch.Tensor] = field(default_factory=list)
     graphs: dict[int, Any] = field(default_factory=dict)  # attended length -> decode graph
     captured: Addresses | None = None  # what every graph in ``graphs`` was captured with
-    live: bool = False  # the cache is allocated and ``graphs`` match it (set by ``prepare``)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def prepare(self, qkv: int, weights: tuple[int, ...]) -> str | None:
@@ -86,17 +85,16 @@ class Bucket:
                 reason = "cache moved" if self.captured.cache != now.cache else "weights moved"
             self.graphs.clear()
             self.captured = now
-        self.live = True
         return reason
 
     def graph(self, s: int) -> Any:
-        """The decode graph attending to ``s`` slots, if one may be replayed now."""
-        return self.graphs.get(s) if self.live else None
+        """The decode graph attending to ``s`` slots, if one may be replayed now (the cache
+        is allocated only by ``prepare``, which drops graphs that do not match it)."""
+        return self.graphs.get(s) if self.cache is not None else None
 
     def free(self, graphs: bool) -> None:
         """Drop the KV cache (and with ``graphs`` the decode graphs too); the static buffers
         stay. The graphs kept are unusable until the next ``prepare``."""
-        self.live = False
         self.cache, self.k_cache, self.v_cache = None, [], []
         if graphs:
             self.graphs.clear()
