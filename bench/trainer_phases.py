@@ -5,10 +5,13 @@ samples (``check`` and ``hf`` phases)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import json
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -45,6 +48,31 @@ def load_anchor(path: Path) -> ModuleType:
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+
+
+@contextlib.contextmanager
+def gpu_span(row: dict[str, Any], name: str) -> Iterator[None]:
+    """Diagnostics of a span of a step into ``row`` on a GPU: ``{name}_gpu_s``, the GPU's
+    own time between the span's ends (CUDA events; the wall time less it is time the GPU
+    waited for the host), ``{name}_cuda_mallocs``, the device allocations the caching
+    allocator made, and ``{name}_compiles``, the graphs torch.compile made meanwhile."""
+    if not torch.cuda.is_available():
+        yield
+        return
+    from torch._dynamo.utils import counters
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    mallocs, graphs = (
+        torch.cuda.memory_stats().get("num_device_alloc", 0),
+        counters["stats"]["unique_graphs"],
+    )
+    start.record()
+    yield
+    end.record()
+    end.synchronize()
+    row[f"{name}_gpu_s"] = start.elapsed_time(end) / 1000
+    row[f"{name}_cuda_mallocs"] = torch.cuda.memory_stats().get("num_device_alloc", 0) - mallocs
+    row[f"{name}_compiles"] = counters["stats"]["unique_graphs"] - graphs
 
 
 def prompts(a: ModuleType, tok: Any, dev: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,3 +307,51 @@ def card_limits(
     out["train_mfu_real_tokens"] = round(sum(mfu_real) / len(mfu_real), 4)
     out["train_mfu_run_tokens"] = round(sum(mfu_run) / len(mfu_run), 4)
     return out
+
+
+def print_table(res: dict[str, Any]) -> None:
+    """The speed table of a ``bench.trainer_speed`` result, printed last."""
+    gpu = res["versions"].get("gpu", "cpu")
+    ours, trl, hf = res.get("ours", {}), res.get("trl", {}), res.get("hf_generate", {})
+    lines = [f"card: {gpu}", "| what | s/step | completion tok/s | vs TRL |", "|---|---|---|---|"]
+    base = trl.get("completion_tokens_per_s")
+
+    def row(name: str, s: Any, tps: Any) -> None:
+        ratio = f"{tps / base:.2f}x" if base and isinstance(tps, float) else "-"
+        lines.append(f"| {name} | {s} | {tps} | {ratio} |")
+
+    row("TRL 1.16 GRPOTrainer step", trl.get("s_per_step_steady"), base)
+    row("TRL: its generate share", trl.get("generate_s_per_step_steady"), None)
+    row(
+        f"ours: GRPO step ({ours.get('steps_sampler')} sampler + loss + AdamW)",
+        ours.get("s_per_step"),
+        ours.get("completion_tokens_per_s"),
+    )
+    for k in ("generate_s", "reward_s", "train_s"):
+        row(f"ours: {k} share", ours.get(k + "_per_step"), None)
+    fast = res.get("ours_fast", {})
+    row("ours_fast: GRPO step (cache kept, micro-batch 16)", fast.get("s_per_step"),
+        fast.get("completion_tokens_per_s"))  # fmt: skip
+    shape = (
+        f"{res['setting']['prompts'] * res['setting']['G']} x {res['setting']['max_new_tokens']}"
+    )
+    row(f"plain HF generate ({shape})", hf.get("s"), hf.get("tokens_per_s"))
+    lines.append(
+        f"| medians: TRL {trl.get('s_per_step_median')} s/step, "
+        f"ours {ours.get('s_per_step_median')} s/step | | | |"
+    )
+    for k in (
+        "sampler_eager",
+        "sampler_graphs",
+        "sampler_compiled",
+        "sampler_compiled_whole_cache",
+    ):
+        r = ours.get(k, {})
+        name = k.removeprefix("sampler_").replace("_", " + ")
+        row(f"our sampler, {name} ({shape})", r.get("s"), r.get("tokens_per_s"))
+    for k in ("peak_GiB_generate", "peak_GiB_train"):
+        lines.append(f"| ours: {k} | {ours.get(k)} (fast: {fast.get(k)}) | | |")
+    lines.append(f"| TRL: peak memory | {trl.get('mem_peak')} | | |")
+    print("\n".join(lines))
+    if "check" in res:
+        print("check:", json.dumps(res["check"]))

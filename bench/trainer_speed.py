@@ -15,8 +15,8 @@ again, KV cache kept between rollouts, micro-batches of 16). The seed's scale (i
 
     ANCHOR_SHAPE=qwen2.5-1.5b ANCHOR_PROMPTS=32 ANCHOR_G=8 ANCHOR_NEW=512 ANCHOR_TRL_BS=16 \
       python -m bench.trainer_speed --phases ours,trl --steps 4 --micro-batch 8 \
-      --gradient-checkpointing --free-sampler-cache --trl-batch 16 \
-      --gsm8k ../shared/data/gsm8k/train.jsonl
+      --gradient-checkpointing --keep-layers 2 --keep-logits --free-sampler-cache \
+      --trl-batch 16 --gsm8k ../shared/data/gsm8k/train.jsonl
 
 Writes ``$OUT/trainer_speed.json`` (rewritten after each phase) and prints a table last.
 ``ANCHOR_SMALL=1`` shrinks everything for a CPU smoke test (as in the anchor).
@@ -39,10 +39,12 @@ from bench.trainer_phases import (
     add_anchor_arg,
     anchor_path,
     card_limits,
+    gpu_span,
     length_reward,
     load_anchor,
     phase_check,
     phase_hf,
+    print_table,
     prompts,
     run_tokens,
     sync,
@@ -120,6 +122,8 @@ def _grpo_steps(
         micro_batch_size=opts.micro_batch or a.NSEQ,
         logprob_chunk_tokens=opts.logprob_chunk,
         gradient_checkpointing=opts.gradient_checkpointing,
+        gradient_checkpointing_keep_layers=opts.keep_layers,
+        logprob_keep_logits=opts.keep_logits,
         compile_train=opts.compile_train,
         shared_prefix=opts.shared_prefix,
         max_new_tokens=a.MAX_NEW,
@@ -130,7 +134,7 @@ def _grpo_steps(
         "shared_prefix": opts.shared_prefix,
     }
     if cfg.gradient_checkpointing:
-        enable_gradient_checkpointing(model)
+        enable_gradient_checkpointing(model, cfg.gradient_checkpointing_keep_layers)
     model.train()
     sampler = Sampler(model, compile=None if opts.compile_sampler else False,
                       keep_cache=not opts.free_sampler_cache)  # fmt: skip
@@ -146,7 +150,9 @@ def _grpo_steps(
         t0 = time.perf_counter()
         if dev == "cuda":
             torch.cuda.reset_peak_memory_stats()
-        ids, mask = sampler(p_ids, p_mask, params)
+        spans: dict[str, Any] = {}
+        with gpu_span(spans, "generate"):
+            ids, mask = sampler(p_ids, p_mask, params)
         sync()
         t1 = time.perf_counter()
         texts = tok.batch_decode(ids.masked_fill(~mask, tok.pad_token_id), skip_special_tokens=True)
@@ -163,8 +169,9 @@ def _grpo_steps(
         if dev == "cuda":
             peak_gen = max(peak_gen, torch.cuda.max_memory_allocated() / 2**30)
             torch.cuda.reset_peak_memory_stats()
-        train_on_batch(cfg, model, opt, roll, adv, Dist(), "bf16")
-        opt.zero_grad(set_to_none=True)  # as the trainer's loop does: no gradients held
+        with gpu_span(spans, "train"):
+            train_on_batch(cfg, model, opt, roll, adv, Dist(), "bf16")
+            opt.zero_grad(set_to_none=True)  # as the trainer's loop does: no gradients held
         sync()
         t3 = time.perf_counter()
         if dev == "cuda":
@@ -182,6 +189,7 @@ def _grpo_steps(
                 "real_tokens": int(roll.attention_mask.sum()),
                 "run_tokens": run_tokens(roll, cfg.micro_batch_size, cfg.shared_prefix),
             }
+            | spans
         )
         print("step", rows[-1], flush=True)
     steady, res["sampler_graphs"] = rows[WARMUP:], dict(sampler.graph_stats)
@@ -245,6 +253,17 @@ def main(argv: list[str] | None = None) -> None:
         help="logprob_chunk_tokens (0: the full [tokens, vocab] logits at once)",
     )
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument(
+        "--keep-layers",
+        type=int,
+        default=0,
+        help="with --gradient-checkpointing: decoder layers that keep their activations",
+    )
+    p.add_argument(
+        "--keep-logits",
+        action="store_true",
+        help="the head keeps each chunk's logits for backward (logprob_keep_logits)",
+    )
     p.add_argument(
         "--trl-batch",
         type=int,
@@ -343,54 +362,7 @@ def main(argv: list[str] | None = None) -> None:
             ph, json.dumps(res.get(ph, res.get(f"{ph}_generate")), default=str)[:1500], flush=True
         )
         dump()
-    _table(res)
-
-
-def _table(res: dict[str, Any]) -> None:
-    gpu = res["versions"].get("gpu", "cpu")
-    ours, trl, hf = res.get("ours", {}), res.get("trl", {}), res.get("hf_generate", {})
-    lines = [f"card: {gpu}", "| what | s/step | completion tok/s | vs TRL |", "|---|---|---|---|"]
-    base = trl.get("completion_tokens_per_s")
-
-    def row(name: str, s: Any, tps: Any) -> None:
-        ratio = f"{tps / base:.2f}x" if base and isinstance(tps, float) else "-"
-        lines.append(f"| {name} | {s} | {tps} | {ratio} |")
-
-    row("TRL 1.16 GRPOTrainer step", trl.get("s_per_step_steady"), base)
-    row("TRL: its generate share", trl.get("generate_s_per_step_steady"), None)
-    row(
-        f"ours: GRPO step ({ours.get('steps_sampler')} sampler + loss + AdamW)",
-        ours.get("s_per_step"),
-        ours.get("completion_tokens_per_s"),
-    )
-    for k in ("generate_s", "reward_s", "train_s"):
-        row(f"ours: {k} share", ours.get(k + "_per_step"), None)
-    fast = res.get("ours_fast", {})
-    row("ours_fast: GRPO step (cache kept, micro-batch 16)", fast.get("s_per_step"),
-        fast.get("completion_tokens_per_s"))  # fmt: skip
-    shape = (
-        f"{res['setting']['prompts'] * res['setting']['G']} x {res['setting']['max_new_tokens']}"
-    )
-    row(f"plain HF generate ({shape})", hf.get("s"), hf.get("tokens_per_s"))
-    lines.append(
-        f"| medians: TRL {trl.get('s_per_step_median')} s/step, "
-        f"ours {ours.get('s_per_step_median')} s/step | | | |"
-    )
-    for k in (
-        "sampler_eager",
-        "sampler_graphs",
-        "sampler_compiled",
-        "sampler_compiled_whole_cache",
-    ):
-        r = ours.get(k, {})
-        name = k.removeprefix("sampler_").replace("_", " + ")
-        row(f"our sampler, {name} ({shape})", r.get("s"), r.get("tokens_per_s"))
-    for k in ("peak_GiB_generate", "peak_GiB_train"):
-        lines.append(f"| ours: {k} | {ours.get(k)} (fast: {fast.get(k)}) | | |")
-    lines.append(f"| TRL: peak memory | {trl.get('mem_peak')} | | |")
-    print("\n".join(lines))
-    if "check" in res:
-        print("check:", json.dumps(res["check"]))
+    print_table(res)
 
 
 if __name__ == "__main__":

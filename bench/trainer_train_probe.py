@@ -48,6 +48,16 @@ VARIANTS: dict[str, dict[str, Any]] = {  # in the order they run by default
     "shared_mb16": dict(mbs=16, ckpt="all", trim=True, compile=True, shared=True),
     "shared_keep4": dict(mbs=8, ckpt="keep4", trim=True, compile=True, shared=True),
     "shared_mb32": dict(mbs=32, ckpt="all", trim=True, compile=True, shared=True),
+    # the head's chunk logits kept for backward (logprob_keep_logits); two (keep14) or four
+    # (keep7) layers that keep their activations
+    "shared_keep_logits": dict(
+        mbs=8, ckpt="all", trim=True, compile=True, shared=True, keep_logits=True
+    ),
+    "shared_keep14": dict(mbs=8, ckpt="keep14", trim=True, compile=True, shared=True),
+    "shared_keep7": dict(mbs=8, ckpt="keep7", trim=True, compile=True, shared=True),
+    "shared_keep_logits_keep14": dict(
+        mbs=8, ckpt="keep14", trim=True, compile=True, shared=True, keep_logits=True
+    ),
 }
 
 
@@ -85,7 +95,8 @@ def run_variant(
 
     cfg = TrainerConfig(model=a.MDIR, rollouts_per_step=a.NSEQ, group_size=a.G, lr=1e-6,
                         beta=0.0, micro_batch_size=v["mbs"], compile_train=v["compile"],
-                        max_new_tokens=a.MAX_NEW, shared_prefix=v.get("shared", False))  # fmt: skip
+                        max_new_tokens=a.MAX_NEW, shared_prefix=v.get("shared", False),
+                        logprob_keep_logits=v.get("keep_logits", False))  # fmt: skip
     set_checkpointing(model, v["ckpt"])
     times, stats = [], {}
     _reset_peak()

@@ -112,27 +112,22 @@ def grouped_attention(
     meet them in one product (G x query heads rows instead of the query heads alone); the
     rest as ``eager_attention``. Same numerics (scores in the cache dtype, one float32 softmax
     over all slots), except that the probabilities' product with the values is two products
-    added."""
+    added. Works in (KVH, B) order: over a cache laid out ``(KVH, B, C, D)``
+    (``kvcache.new_bucket(kv_major=True)``) a group's slots are one strided batch, read in
+    place; over ``(B, KVH, C, D)`` they are copied first."""
     b, h_q, t, d = q.shape
     h_kv, s = keys.shape[1], keys.shape[2]
     hg, u = h_q // h_kv, b // rows
-
-    def by_group(x: torch.Tensor) -> torch.Tensor:  # (B, KVH, hg, X) -> (U, KVH, G * hg, X)
-        return x.view(u, rows, h_kv, hg, -1).transpose(1, 2).reshape(u, h_kv, rows * hg, -1)
-
-    def by_row(x: torch.Tensor) -> torch.Tensor:  # the inverse
-        return x.view(u, h_kv, rows, hg, -1).transpose(1, 2).reshape(b, h_kv, hg, -1)
-
-    qg = q.reshape(b, h_kv, hg, d).to(keys.dtype)
-    k_shared, v_shared = keys[::rows, :, :shared], vals[::rows, :, :shared]
-    s_shared = by_row(torch.matmul(by_group(qg), k_shared.transpose(-1, -2)))
-    s_own = torch.matmul(qg, keys[:, :, shared:].transpose(-1, -2))
-    scores = torch.cat([s_shared, s_own], dim=-1) * scale
-    scores = scores.view(b, h_kv, hg, t, s).float() + bias
-    probs = scores.softmax(dim=-1).to(dtype).view(b, h_kv, hg, s)
-    o_shared = by_row(torch.matmul(by_group(probs[..., :shared]), v_shared.to(dtype)))
-    o_own = torch.matmul(probs[..., shared:], vals[:, :, shared:].to(dtype))
-    return (o_shared + o_own).view(b, h_q, t, d)
+    kt, vt = keys.transpose(0, 1), vals.transpose(0, 1)  # (KVH, B, S, D)
+    qk = q.reshape(b, h_kv, hg, d).transpose(0, 1).to(keys.dtype)  # (KVH, B, hg, D)
+    s_shared = torch.matmul(qk.reshape(h_kv, u, rows * hg, d), kt[:, ::rows, :shared].mT)
+    s_own = torch.matmul(qk, kt[:, :, shared:].mT)  # (KVH, B, hg, S - shared)
+    scores = torch.cat([s_shared.view(h_kv, b, hg, shared), s_own], dim=-1) * scale
+    probs = (scores.float() + bias.view(1, b, 1, s)).softmax(dim=-1).to(dtype)
+    p_shared = probs[..., :shared].reshape(h_kv, u, rows * hg, shared)
+    o = torch.matmul(p_shared, vt[:, ::rows, :shared].to(dtype)).view(h_kv, b, hg, d)
+    o = o + torch.matmul(probs[..., shared:], vt[:, :, shared:].to(dtype))
+    return o.transpose(0, 1).reshape(b, h_q, t, d)
 
 
 def group_rows(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor) -> int:

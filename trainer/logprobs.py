@@ -67,6 +67,7 @@ def completion_logprobs(
     chunk_tokens: int = 1024,
     compile: bool = False,
     shared_prefix: bool | prefix.Plan = False,
+    keep_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (S, N) fp32 of the last ``n_completion`` tokens of ``input_ids`` (S, P + N),
     with gradient, and their entropies (S, N) fp32, without gradient.
@@ -76,26 +77,33 @@ def completion_logprobs(
     ``shared_prefix``: rows with the same prompt run it once (``trainer.prefix``; chunked head
     and supported models only, else the plain forward); True plans it here, or pass the plan
     (``micro_batches`` makes them ahead). Values at completion positions after a row's last
-    real token are then not the plain forward's (they carry no loss)."""
+    real token are then not the plain forward's (they carry no loss).
+    ``keep_logits``: the chunked head keeps each chunk's logits (compute dtype) for backward
+    instead of recomputing them (one product less per chunk; S x N x vocab values held)."""
     targets = input_ids[:, -n_completion:]
     plan = shared_prefix if isinstance(shared_prefix, prefix.Plan) else None
     if shared_prefix is True:
         plan = _plan(model, input_ids, attention_mask, n_completion, chunk_tokens)
     if plan is not None:
-        return _shared_prefix_logprobs(model, plan, targets, chunk_tokens, compile)
+        return _shared_prefix_logprobs(model, plan, targets, chunk_tokens, compile, keep_logits)
     with _compiled_layers(model, compile):
         if chunk_tokens <= 0:
             logits = completion_logits(model, input_ids, attention_mask, n_completion)
             return token_logprobs(logits, targets), token_entropy(logits.detach())
         head = _bias_free_head(_unwrap(model))
         entropy: list[torch.Tensor] = []
-        with _head_returns_logprobs(head, targets, chunk_tokens, entropy, compile):
+        with _head_returns_logprobs(head, targets, chunk_tokens, entropy, compile, keep_logits):
             out = model(**_forward_kwargs(input_ids, attention_mask, n_completion))
     return out.logits, entropy[0]
 
 
 def _shared_prefix_logprobs(
-    model: Any, plan: prefix.Plan, targets: torch.Tensor, chunk_tokens: int, compile: bool
+    model: Any,
+    plan: prefix.Plan,
+    targets: torch.Tensor,
+    chunk_tokens: int,
+    compile: bool,
+    keep_logits: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``completion_logprobs`` through ``trainer.prefix``: the model's forward is swapped for
     one call (so a DDP or FSDP2 wrapper's hooks run as usual) for the two-stream forward and
@@ -105,7 +113,7 @@ def _shared_prefix_logprobs(
 
     def forward(*_: Any, **__: Any) -> tuple[torch.Tensor, torch.Tensor]:
         hidden = prefix.hidden_states(inner, plan, compile)
-        return chunked_logprobs(hidden, head.weight, targets, chunk_tokens, compile)
+        return chunked_logprobs(hidden, head.weight, targets, chunk_tokens, compile, keep_logits)
 
     inner.forward = forward
     try:
@@ -215,15 +223,17 @@ def chunked_logprobs(
     targets: torch.Tensor,
     chunk_tokens: int,
     compile: bool = False,
+    keep_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """hidden (S, N, H) @ weight (V, H)^T -> log-probs of ``targets`` (S, N) and entropy
-    (S, N), ``chunk_tokens`` rows of logits at a time."""
+    (S, N), ``chunk_tokens`` rows of logits at a time (kept for backward with
+    ``keep_logits``, else recomputed there)."""
     S, N, H = hidden.shape
     h, t = hidden.reshape(S * N, H), targets.reshape(S * N)
     logps, ents = [], []
     for s in range(0, S * N, chunk_tokens):
         lp, ent = _HeadChunk.apply(h[s : s + chunk_tokens], weight, t[s : s + chunk_tokens],
-                                   compile)  # fmt: skip
+                                   compile, keep_logits)  # fmt: skip
         logps.append(lp)
         ents.append(ent)
     # a copy, not a view: FSDP2 warns of views returned from a sharded module's forward
@@ -264,15 +274,21 @@ def _maybe_compiled(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]
 
 class _HeadChunk(torch.autograd.Function):
     """One chunk of the head: logits = h @ W^T reduced to (log-prob, entropy); backward
-    recomputes the logits and forms their gradient directly (no fp32 logits kept)."""
+    recomputes the logits (or reads them, kept) and forms their gradient directly (no fp32
+    logits kept)."""
 
     @staticmethod
     def forward(
-        ctx: Any, h: torch.Tensor, weight: torch.Tensor, t: torch.Tensor, compile: bool
+        ctx: Any,
+        h: torch.Tensor,
+        weight: torch.Tensor,
+        t: torch.Tensor,
+        compile: bool,
+        keep_logits: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         logits = F.linear(h, weight)  # (c, V), in the autocast dtype when autocast is on
         logp, ent, lse = _maybe_compiled(_chunk_stats, compile)(logits, t)
-        ctx.save_for_backward(h, weight, t, lse)
+        ctx.save_for_backward(h, weight, t, lse, *([logits] if keep_logits else []))
         ctx.dtype, ctx.compile = logits.dtype, compile
         ctx.mark_non_differentiable(ent)
         return logp, ent
@@ -280,27 +296,35 @@ class _HeadChunk(torch.autograd.Function):
     @staticmethod
     def backward(
         ctx: Any, g: torch.Tensor | None, _g_ent: Any
-    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None]:
-        h, weight, t, lse = ctx.saved_tensors
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, None, None, None]:
+        h, weight, t, lse, *kept = ctx.saved_tensors
         if g is None:
-            return None, None, None, None
+            return None, None, None, None, None
         w = weight.to(ctx.dtype)  # autocast does not reach backward: cast as forward did
         hc = h.to(ctx.dtype)
-        gl = _maybe_compiled(_chunk_grad, ctx.compile)(F.linear(hc, w), lse, t, g.float())
+        logits = kept[0] if kept else F.linear(hc, w)
+        gl = _maybe_compiled(_chunk_grad, ctx.compile)(logits, lse, t, g.float())
         gh = (gl @ w).to(h.dtype) if ctx.needs_input_grad[0] else None
         gw = (gl.t() @ hc).to(weight.dtype) if ctx.needs_input_grad[1] else None
-        return gh, gw, None, None
+        return gh, gw, None, None, None
 
 
 @contextlib.contextmanager
 def _head_returns_logprobs(
-    head: Any, targets: torch.Tensor, chunk_tokens: int, entropy: list[torch.Tensor], compile: bool
+    head: Any,
+    targets: torch.Tensor,
+    chunk_tokens: int,
+    entropy: list[torch.Tensor],
+    compile: bool,
+    keep_logits: bool,
 ) -> Iterator[None]:
     """Make ``head`` (the LM head, a bias-free Linear) map hidden states (S, N + 1, H) to
     the log-probs (S, N) of ``targets`` for one call; the entropies go to ``entropy``."""
 
     def forward(hidden: torch.Tensor) -> torch.Tensor:
-        logps, ent = chunked_logprobs(hidden[:, :-1], head.weight, targets, chunk_tokens, compile)
+        logps, ent = chunked_logprobs(
+            hidden[:, :-1], head.weight, targets, chunk_tokens, compile, keep_logits
+        )
         entropy.append(ent)
         return logps
 

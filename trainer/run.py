@@ -129,6 +129,7 @@ def build_run(cfg: TrainerConfig) -> Run:
         precision,
         trainable=True,
         gradient_checkpointing=cfg.gradient_checkpointing,
+        keep_layers=cfg.gradient_checkpointing_keep_layers,
     )
     model = parallel.wrap(
         policy, fsdp=cfg.fsdp, world=dist.world, device=device, precision=precision

@@ -84,7 +84,10 @@ def load_model(
     *,
     trainable: bool,
     gradient_checkpointing: bool = False,
+    keep_layers: int = 0,
 ) -> Any:
+    """The causal LM on ``device``; trainable: in train mode, with gradient checkpointing
+    (``keep_layers`` of its decoder layers excepted) when asked; else frozen, in eval mode."""
     from transformers import AutoModelForCausalLM
 
     # bf16-mixed keeps fp32 master weights for the policy; the frozen reference needs no
@@ -97,21 +100,32 @@ def load_model(
     if trainable:
         model.train()
         if gradient_checkpointing:
-            enable_gradient_checkpointing(model)
+            enable_gradient_checkpointing(model, keep_layers)
     else:
         model.eval()
         model.requires_grad_(False)
     return model
 
 
-def enable_gradient_checkpointing(model: Any) -> None:
-    """Recompute each decoder layer in backward (non-reentrant). Only the training forward
-    is affected: it passes use_cache=False anyway, and the sampler keeps its own KV cache."""
+def enable_gradient_checkpointing(model: Any, keep_layers: int = 0) -> None:
+    """Recompute each decoder layer in backward (non-reentrant), except ``keep_layers`` of
+    them, spread evenly (``kept_layers``), which keep their activations. Only the training
+    forward is affected: it passes use_cache=False anyway, and the sampler keeps its own KV
+    cache."""
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    layers = model.model.layers
+    for i in kept_layers(len(layers), keep_layers):
+        layers[i].gradient_checkpointing = False
+
+
+def kept_layers(n: int, keep: int) -> list[int]:
+    """``keep`` of ``n`` layer indices spread evenly from the first (all when keep >= n)."""
+    keep = min(keep, n)
+    return sorted({i * n // keep for i in range(keep)}) if keep else []
 
 
 def load_tokenizer(path: str | Path) -> Any:

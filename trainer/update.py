@@ -56,7 +56,7 @@ def train_on_batch(
             with grad_sync(model, k == len(mbatches) - 1), autocast(device, precision):
                 logps, ent = completion_logprobs(
                     model, ids, attn, n, chunk_tokens=cfg.logprob_chunk_tokens, compile=compile,
-                    shared_prefix=plan or False,
+                    shared_prefix=plan or False, keep_logits=cfg.logprob_keep_logits,
                 )  # fmt: skip
                 # (mbs, n) each; the dropped columns (no loss token) get 0
                 logps, ent = F.pad(logps, (0, N - n)), F.pad(ent, (0, N - n))

@@ -38,6 +38,8 @@ REPO = Path(__file__).resolve().parents[2]
         (["beta=-1"], "must be >= 0"),
         # a chunk of log-probs holds at least one token (0 = no chunking)
         (["logprob_chunk_tokens=-1"], "use >= 1 (e.g. 1024), or 0"),
+        # layers kept out of a checkpointing that is off: a mistake, not a no-op
+        (["gradient_checkpointing_keep_layers=2"], "only with gradient_checkpointing=true"),
         # booleans are booleans
         (["fsdp=maybe"], "fsdp='maybe': expected true or false"),
         # override syntax
