@@ -19,10 +19,11 @@ def test_variants_run_and_agree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("ANCHOR_G", "4")
     from bench.trainer_train_probe import main
 
-    main(["--anchor", str(ANCHOR), "--variants", "base,trim,compile_mb2_ckpt4", "--steps", "1"])
+    variants = "base,trim,compile_mb2_ckpt4,shared_keep_logits_keep14"
+    main(["--anchor", str(ANCHOR), "--variants", variants, "--steps", "1"])
     res = json.loads((tmp_path / "trainer_train_probe.json").read_text())
     runs = res["variants"]
-    assert set(runs) == {"base", "trim", "compile_mb2_ckpt4"}
+    assert set(runs) == set(variants.split(","))
     assert all(r["train_s"] > 0 for r in runs.values())
     assert res["shape"]["real_tokens"] < res["shape"]["padded_tokens"]
     # the same batch and loss each way (fp32 on the CPU): same entropy

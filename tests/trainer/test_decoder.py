@@ -154,14 +154,19 @@ def test_merged_qkv_keeps_the_greedy_ids(model_type: str, autocast: bool) -> Non
 
 
 @pytest.mark.parametrize(("dtype", "tol"), [(torch.float32, 1e-6), (torch.bfloat16, 2e-2)])
-def test_grouped_attention_equals_eager(dtype: torch.dtype, tol: float) -> None:
+@pytest.mark.parametrize("kv_major", [False, True])
+def test_grouped_attention_equals_eager(dtype: torch.dtype, tol: float, kv_major: bool) -> None:
     """Rows in groups of 2 share their first 24 slots (a group's prompt): reading them once per
     group gives eager's output; a row whose shared slots differed would not (they are read
-    from the group's first row only)."""
+    from the group's first row only). ``kv_major``: the cache laid out (KVH, B, S, D), the
+    keys and values (B, KVH, S, D) views of it."""
     g = torch.Generator().manual_seed(0)
     shared = 24
     q = torch.randn(B, H, 1, D, generator=g).to(dtype)
-    k, v = (torch.randn(B, KVH, S, D, generator=g).to(dtype) for _ in range(2))
+    if kv_major:
+        k, v = (torch.randn(KVH, B, S, D, generator=g).to(dtype).transpose(0, 1) for _ in "kv")
+    else:
+        k, v = (torch.randn(B, KVH, S, D, generator=g).to(dtype) for _ in range(2))
     k[1::2, :, :shared], v[1::2, :, :shared] = k[::2, :, :shared], v[::2, :, :shared]
     mask = torch.arange(S)[None, None] <= torch.tensor([30, 31, 35, 36])[:, None, None]
     mask[:, :, :5] = False  # left padding, the same in both rows of a group
