@@ -106,7 +106,7 @@ def _grpo_steps(
 ) -> dict[str, Any]:
     from arbiter.trainer.config import TrainerConfig
     from arbiter.trainer.generation import Sampler
-    from arbiter.trainer.grpo import build_optimizer, group_advantages
+    from arbiter.trainer.grpo import allocate_state, build_optimizer, group_advantages
     from arbiter.trainer.rollout import Rollout
     from arbiter.trainer.setup import Dist, enable_gradient_checkpointing
     from arbiter.trainer.update import train_on_batch
@@ -137,10 +137,13 @@ def _grpo_steps(
         enable_gradient_checkpointing(model, cfg.gradient_checkpointing_keep_layers)
     model.train()
     sampler = Sampler(model, compile=None if opts.compile_sampler else False,
-                      keep_cache=not opts.free_sampler_cache)  # fmt: skip
+                      keep_cache=not opts.free_sampler_cache,
+                      reuse_graphs=opts.reuse_graphs)  # fmt: skip
     kind = "graphs" if sampler.use_graphs else "eager"
     res["steps_sampler"] = f"compiled + {kind}" if sampler.compiled else kind
     opt, _ = build_optimizer(model, lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=0)
+    if opts.reuse_graphs and opts.free_sampler_cache:  # as trainer.run: AdamW's state first
+        allocate_state(opt)
     gen = torch.Generator(device=dev).manual_seed(2)
     params = SamplingParams.for_tokenizer(tok, a.MAX_NEW, generator=gen)
     rows = []
@@ -287,6 +290,13 @@ def main(argv: list[str] | None = None) -> None:
         dest="shared_prefix",
         action="store_false",
         help="GRPO steps with every row's prompt in the training forward (default: shared)",
+    )
+    p.add_argument(
+        "--no-reuse-graphs",
+        dest="reuse_graphs",
+        action="store_false",
+        help="with --free-sampler-cache: capture the sampler's graphs anew every rollout "
+        "(default, as the trainer: keep them, AdamW's state allocated before the first rollout)",
     )
     p.add_argument(
         "--free-sampler-cache",

@@ -162,9 +162,9 @@ class TrainerConfig:
     )
     sampler_keep_cache: bool = _f(
         True,
-        "Keep the sampler's KV cache (rows x (longest prompt + max_new_tokens), per layer) and "
-        "CUDA graphs between rollouts; false frees them before each training step (less "
-        "memory, one graph capture per rollout).",
+        "Keep the sampler's KV cache (rows x (longest prompt + max_new_tokens), per layer) "
+        "between rollouts; false frees it before each training step (less memory; the CUDA "
+        "graphs stay and are replayed when the cache comes back at its address).",
     )
     cpu_threads: int = _f(
         0, "torch intra-op threads on CPU (0 = torch's default); 1 is fastest for tiny models."

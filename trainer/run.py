@@ -20,7 +20,7 @@ from arbiter.trainer import checkpoint, parallel
 from arbiter.trainer.config import TrainerConfig
 from arbiter.trainer.data import Problem, load_problems
 from arbiter.trainer.generation import Sampler
-from arbiter.trainer.grpo import build_optimizer
+from arbiter.trainer.grpo import allocate_state, build_optimizer
 from arbiter.trainer.metrics import RunLogger
 from arbiter.trainer.rewards import RewardClient
 from arbiter.trainer.rollout import RolloutSpec
@@ -156,6 +156,8 @@ def build_run(cfg: TrainerConfig) -> Run:
     sampler = Sampler(
         policy, compile=None if cfg.compile_sampler else False, keep_cache=cfg.sampler_keep_cache
     )
+    if sampler.use_graphs and not cfg.sampler_keep_cache:
+        allocate_state(opt)  # before the first rollout: its freed cache comes back in place
 
     # data, rewards, logging, sampling
     problems = load_problems(f"{cfg.data_dir}/{cfg.train_file}", cfg.max_train_problems)

@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from arbiter.trainer.grpo import group_advantages, group_std_is_zero, grpo_loss
+from arbiter.trainer.grpo import (
+    allocate_state,
+    build_optimizer,
+    group_advantages,
+    group_std_is_zero,
+    grpo_loss,
+)
 
 NAN = math.nan
 S3 = math.sqrt(1 / 3)  # unbiased std of [1, 0, 1]
@@ -117,3 +123,29 @@ def test_zero_advantage_gives_zero_policy_gradient() -> None:
     logps = torch.zeros(1, 3, requires_grad=True)
     grpo_loss(logps, torch.zeros(1, 3), torch.zeros(1), torch.ones(1, 3)).loss.backward()
     assert logps.grad is not None and logps.grad.abs().sum().item() == 0.0
+
+
+def test_optimizer_state_allocated_ahead_changes_no_step() -> None:
+    """allocate_state creates AdamW's moments and step counts without moving a weight; the
+    steps that follow equal those of an optimizer that made its state at its first step."""
+    torch.manual_seed(0)
+    models = [torch.nn.Linear(6, 4), torch.nn.Linear(6, 4)]
+    models[1].load_state_dict(models[0].state_dict())
+    opts = [build_optimizer(m, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1, warmup_steps=0)[0]
+            for m in models]  # fmt: skip
+    before = [p.clone() for p in models[1].parameters()]
+    allocate_state(opts[1])
+    for p, b in zip(models[1].parameters(), before, strict=True):
+        assert torch.equal(p, b) and p.grad is None
+        state = opts[1].state[p]
+        assert float(state["step"]) == 0 and not state["exp_avg"].any()
+    assert opts[1].param_groups[0]["lr"] == 1e-2
+    for _ in range(3):
+        grads = [torch.randn_like(p) for p in models[0].parameters()]
+        for m, opt in zip(models, opts, strict=True):
+            for p, g in zip(m.parameters(), grads, strict=True):
+                p.grad = g.clone()
+            opt.step()
+    for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
+        assert torch.equal(a, b)
+        assert torch.equal(opts[0].state[a]["exp_avg_sq"], opts[1].state[b]["exp_avg_sq"])
