@@ -156,7 +156,7 @@ def build_run(cfg: TrainerConfig) -> Run:
     sampler = Sampler(
         policy, compile=None if cfg.compile_sampler else False, keep_cache=cfg.sampler_keep_cache
     )
-    if sampler.use_graphs and not cfg.sampler_keep_cache:
+    if not (cfg.sampler_keep_cache or cfg.fsdp):  # (FSDP2 regathers weights: graphs anew)
         allocate_state(opt)  # before the first rollout: its freed cache comes back in place
 
     # data, rewards, logging, sampling
