@@ -139,19 +139,21 @@ def build_optimizer(
 
 @torch.no_grad()
 def allocate_state(opt: torch.optim.Optimizer) -> None:
-    """Create the optimizer's state now, as its first step would (zero moments, step 0): one
-    step at learning rate 0 over zero gradients, then the step counts reset. Nothing else
-    changes, so the next real step is the one it would have been. Allocated before the first
-    rollout, the state cannot take the memory the sampler's freed KV cache leaves during
-    training, so the cache can come back at its address and the sampler can replay its CUDA
-    graphs (``Sampler(reuse_graphs=True)``). A no-op once every parameter has state."""
+    """Create an Adam-family optimizer's state now for the parameters that have none, as
+    its first step would (zero moments, step 0): one step at learning rate 0 in which only
+    they have a gradient, zero, then their step counts reset. Nothing else changes, so the
+    next real step is the one it would have been. Allocated before the first rollout, the
+    state cannot take the memory the sampler's freed KV cache leaves during training, so
+    the cache can come back at its address and the sampler can replay its CUDA graphs
+    (``Sampler(reuse_graphs=True)``). A no-op once every parameter has state."""
     params = [p for g in opt.param_groups for p in g["params"]]
-    if all(p in opt.state and opt.state[p] for p in params):
+    new = {id(p) for p in params if not opt.state.get(p)}
+    if not new:
         return
     lrs = [g["lr"] for g in opt.param_groups]
-    made = [p for p in params if p.grad is None]
-    for p in made:
-        p.grad = torch.zeros_like(p)
+    grads = {id(p): p.grad for p in params}
+    for p in params:  # the step sees only the new ones
+        p.grad = torch.zeros_like(p) if id(p) in new else None
     for g in opt.param_groups:
         g["lr"] = 0.0
     try:
@@ -159,11 +161,11 @@ def allocate_state(opt: torch.optim.Optimizer) -> None:
     finally:
         for g, lr in zip(opt.param_groups, lrs, strict=True):
             g["lr"] = lr
-        for p in made:
-            p.grad = None
-    for state in opt.state.values():
-        step = state.get("step")
+        for p in params:
+            p.grad = grads[id(p)]
+    for p in params:
+        step = opt.state[p].get("step") if id(p) in new else None
         if isinstance(step, torch.Tensor):
             step.zero_()
         elif step is not None:
-            state["step"] = 0
+            opt.state[p]["step"] = 0

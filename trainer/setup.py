@@ -117,7 +117,14 @@ def enable_gradient_checkpointing(model: Any, keep_layers: int = 0) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    layers = model.model.layers
+    if keep_layers <= 0:
+        return
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if layers is None:
+        raise ValueError(
+            f"gradient_checkpointing_keep_layers={keep_layers}: {type(model).__name__} keeps no "
+            "decoder layers at model.layers; use 0 (every layer checkpointed) for it"
+        )
     for i in kept_layers(len(layers), keep_layers):
         layers[i].gradient_checkpointing = False
 

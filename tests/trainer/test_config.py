@@ -40,6 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
         (["logprob_chunk_tokens=-1"], "use >= 1 (e.g. 1024), or 0"),
         # layers kept out of a checkpointing that is off: a mistake, not a no-op
         (["gradient_checkpointing_keep_layers=2"], "only with gradient_checkpointing=true"),
+        (["gradient_checkpointing=true", "gradient_checkpointing_keep_layers=-1"], "use >= 0"),
         # booleans are booleans
         (["fsdp=maybe"], "fsdp='maybe': expected true or false"),
         # override syntax

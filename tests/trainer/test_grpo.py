@@ -9,7 +9,6 @@ import torch
 
 from arbiter.trainer.grpo import (
     allocate_state,
-    build_optimizer,
     group_advantages,
     group_std_is_zero,
     grpo_loss,
@@ -125,14 +124,15 @@ def test_zero_advantage_gives_zero_policy_gradient() -> None:
     assert logps.grad is not None and logps.grad.abs().sum().item() == 0.0
 
 
-def test_optimizer_state_allocated_ahead_changes_no_step() -> None:
+@pytest.mark.parametrize("fused", [False, True])
+def test_optimizer_state_allocated_ahead_changes_no_step(fused: bool) -> None:
     """allocate_state creates AdamW's moments and step counts without moving a weight; the
     steps that follow equal those of an optimizer that made its state at its first step."""
     torch.manual_seed(0)
     models = [torch.nn.Linear(6, 4), torch.nn.Linear(6, 4)]
     models[1].load_state_dict(models[0].state_dict())
-    opts = [build_optimizer(m, lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1, warmup_steps=0)[0]
-            for m in models]  # fmt: skip
+    opts = [torch.optim.AdamW(m.parameters(), lr=1e-2, betas=(0.9, 0.99), weight_decay=0.1,
+                              fused=fused) for m in models]  # fmt: skip
     before = [p.clone() for p in models[1].parameters()]
     allocate_state(opts[1])
     for p, b in zip(models[1].parameters(), before, strict=True):
@@ -149,3 +149,22 @@ def test_optimizer_state_allocated_ahead_changes_no_step() -> None:
     for a, b in zip(models[0].parameters(), models[1].parameters(), strict=True):
         assert torch.equal(a, b)
         assert torch.equal(opts[0].state[a]["exp_avg_sq"], opts[1].state[b]["exp_avg_sq"])
+
+
+def test_optimizer_state_allocated_ahead_leaves_existing_state_alone() -> None:
+    """Parameters that already have state (a resumed run, or one never given a gradient
+    while others were) keep their moments and step counts; only the others get fresh state."""
+    torch.manual_seed(0)
+    a, b = torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(3))
+    opt = torch.optim.AdamW([a, b], lr=1e-2)
+    for _ in range(3):  # b never gets a gradient: it has no state
+        a.grad = torch.randn(3)
+        opt.step()
+    a.grad = torch.randn(3)  # a gradient held across the call comes back untouched
+    held, moments = a.grad.clone(), opt.state[a]["exp_avg"].clone()
+    before = (a.detach().clone(), b.detach().clone())
+    allocate_state(opt)
+    assert float(opt.state[a]["step"]) == 3 and torch.equal(opt.state[a]["exp_avg"], moments)
+    assert float(opt.state[b]["step"]) == 0 and not opt.state[b]["exp_avg"].any()
+    assert torch.equal(a.grad, held) and b.grad is None
+    assert torch.equal(a, before[0]) and torch.equal(b, before[1])

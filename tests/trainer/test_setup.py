@@ -41,3 +41,17 @@ def test_kept_layers_run_once_and_the_gradients_do_not_change(tiny_model: Path) 
     assert kept.keys() == plain.keys()
     for k in plain:
         torch.testing.assert_close(kept[k], plain[k], msg=k)
+
+
+def test_keeping_layers_needs_a_decoder_with_layers() -> None:
+    """Models without ``model.layers`` (GPT-2 keeps ``transformer.h``) still checkpoint with
+    keep_layers=0; asking to keep some layers says which setting to change."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from arbiter.trainer.setup import enable_gradient_checkpointing
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=100))
+    enable_gradient_checkpointing(model)
+    assert model.is_gradient_checkpointing
+    with pytest.raises(ValueError, match="gradient_checkpointing_keep_layers=1"):
+        enable_gradient_checkpointing(model, 1)
