@@ -99,7 +99,6 @@ def attention(lengths: list[int], reps: int, dev: str) -> dict[str, Any]:
 
 
 def products(reps: int, dev: str, autotune: bool) -> dict[str, Any]:
-    import torch._inductor.config as ic
 
     dt = torch.bfloat16
     x = {k: torch.randn(ROWS, k, device=dev, dtype=dt) for k in (HIDDEN, INTER)}
@@ -125,7 +124,6 @@ def products(reps: int, dev: str, autotune: bool) -> dict[str, Any]:
             ms = replay_ms(calls, reps) if dev == "cuda" else None
             out[f"{name}_{kind}"] = {"ms_per_step": ms, "calls": layers}
             print(name, kind, out[f"{name}_{kind}"], flush=True)
-    del ic
     return out
 
 

@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from arbiter.trainer import decoder
-from arbiter.trainer.kvcache import Bucket, new_bucket, warmup_stream
+from arbiter.trainer.kvcache import Bucket, capture, new_bucket
 from arbiter.trainer.sampling import (
     SamplingParams,
     choose,
@@ -88,14 +88,14 @@ class Sampler:
     KV cache (one allocation, 5.6 GB at 1.5B) and keeps the graphs, their pool and the small
     static buffers, replayed next call if the cache comes back at the same address, else
     captured anew (``kvcache.Bucket.prepare``, ``graph_stats``; it comes back when nothing
-    long-lived was allocated meanwhile: allocate the optimizer's state before the first
-    rollout, ``grpo.allocate_state``; 0.23 s of 2.65 s per rollout at 1.5B on an H100).
-    Off by default: ``group_attention`` -- rows in
-    adjacent runs of G identical prompts (GRPO) get their prompts left-padded to the cache's
-    first C - N slots, which a step reads once per group (``decoder.grouped_attention``;
-    compiled, 11 % slower on an H100). ``attention`` (decode steps): "eager" (default; HF's
-    numerics) or "flex" / "sdpa" (one fused kernel, ``decoder.fused_attention``, float32
-    scores; no faster at 1.5B on an H200; a failed compile falls back to eager).
+    long-lived was allocated meanwhile: ``grpo.allocate_state`` before the first rollout).
+    Off by default: ``group_attention`` -- rows in adjacent runs of G identical prompts
+    (GRPO) get their prompts left-padded to the cache's first C - N slots, which a step reads
+    once per group (``decoder.grouped_attention``; compiled, slower on an H100, in either
+    cache layout: ``bench.trainer_decode_micro``). ``attention`` (decode steps): "eager"
+    (default; HF's numerics) or "flex" / "sdpa" (one fused kernel,
+    ``decoder.fused_attention``, float32 scores; no faster at 1.5B on an H200; a failed
+    compile falls back to eager).
 
     The KV cache is sized from the batch actually sampled: its rows, and its longest prompt
     plus ``max_new_tokens`` rounded up to 64 slots. A graph is captured again whenever the
@@ -252,31 +252,10 @@ class Sampler:
                 self._decode_sample = self._forward_sample
             self._capture_or_uncompile(bk, s)
 
-    def _warm_up(self, bk: Bucket, s: int) -> None:
-        """Two decode steps before a capture (allocator, cuBLAS handles, lazy init) from
-        in-range indices: a kept bucket holds the last call's end (step == N, slot == C), and
-        its cache is scratch until the prefill."""
-        for _ in range(2):
-            bk.slot.zero_(), bk.step.zero_(), bk.pos.zero_()
-            self._decode_step(bk, s)
-
     def _capture(self, bk: Bucket, s: int) -> None:
-        saved = [x.clone() for x in (bk.valid, bk.tokens, bk.pos, bk.slot, bk.step, bk.done)]
-        stream = warmup_stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            self._warm_up(bk, s)
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        bk.slot.zero_(), bk.step.zero_(), bk.pos.zero_()  # in range (the graph keeps no values)
         if self._pool is None:
             self._pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
-            self._decode_step(bk, s)
-        state = (bk.valid, bk.tokens, bk.pos, bk.slot, bk.step, bk.done)
-        for dst, src in zip(state, saved, strict=True):
-            dst.copy_(src)
-        bk.graphs[s] = graph
+        capture(bk, s, self._decode_step, self._pool)
 
     # ------------------------------------------------------------------ public call
     @torch.no_grad()

@@ -23,6 +23,7 @@ a cache other than the one it was captured with (it would write into freed memor
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -92,6 +93,14 @@ class Bucket:
         is allocated only by ``prepare``, which drops graphs that do not match it)."""
         return self.graphs.get(s) if self.cache is not None else None
 
+    def step_state(self) -> tuple[torch.Tensor, ...]:
+        """The buffers a decode step reads and writes, besides the cache and the outputs."""
+        return (self.valid, self.tokens, self.pos, self.slot, self.step, self.done)
+
+    def rewind(self) -> None:
+        """Slot, step and position back to 0: in range for a warm-up or captured step."""
+        self.slot.zero_(), self.step.zero_(), self.pos.zero_()
+
     def free(self, graphs: bool) -> None:
         """Drop the KV cache (and with ``graphs`` the decode graphs too); the static buffers
         stay. The graphs kept are unusable until the next ``prepare``."""
@@ -138,6 +147,35 @@ def new_bucket(
             "pad_t": torch.zeros((), device=device, dtype=torch.long),
         },
     )
+
+
+def warm_up(bk: Bucket, s: int, step: Callable[[Bucket, int], None]) -> None:
+    """Two decode steps ``step(bk, s)`` before a capture (allocator, cuBLAS handles, lazy
+    init) from in-range indices: a kept bucket holds the last call's end (step == N, slot ==
+    C), and its cache is scratch until the prefill."""
+    for _ in range(2):
+        bk.rewind()
+        step(bk, s)
+
+
+def capture(bk: Bucket, s: int, step: Callable[[Bucket, int], None], pool: Any) -> None:
+    """``step(bk, s)``, one decode step attending to ``s`` slots, captured as
+    ``bk.graphs[s]`` into the graph memory ``pool`` after a warm-up on the device's side
+    stream; the bucket's step state is left as it was."""
+    device = bk.valid.device
+    saved = [x.clone() for x in bk.step_state()]
+    stream = warmup_stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        warm_up(bk, s, step)
+    torch.cuda.current_stream(device).wait_stream(stream)
+    bk.rewind()  # in range (the graph keeps no values)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        step(bk, s)
+    for dst, src in zip(bk.step_state(), saved, strict=True):
+        dst.copy_(src)
+    bk.graphs[s] = graph
 
 
 _STREAMS: dict[torch.device, Any] = {}

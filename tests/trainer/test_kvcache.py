@@ -16,7 +16,7 @@ import torch
 
 from arbiter.trainer import kvcache
 from arbiter.trainer.generation import Sampler, SamplingParams
-from arbiter.trainer.kvcache import Addresses, new_bucket, replayable
+from arbiter.trainer.kvcache import Addresses, new_bucket, replayable, warm_up
 
 PROMPTS = ["What is 12 + 7? Think first.", "Hi", "3 * 4", "Tom has 12 apples."]
 
@@ -161,5 +161,5 @@ def test_capture_warms_up_from_in_range_state(tiny: tuple[Any, Any]) -> None:
     assert int(bk.step) >= 19  # the end of the last call
     s = bk.key[1]
     with torch.no_grad():
-        sampler._warm_up(bk, s)  # IndexError before the reset
+        warm_up(bk, s, sampler._decode_step)  # IndexError before the reset
     assert int(bk.step) == 1 and int(bk.slot) == 1
