@@ -25,3 +25,9 @@ class Readiness(ArbiterModel):
     checks: dict[str, str] = Field(
         default_factory=dict, description="Check name → 'ok' or why it is not ready."
     )
+
+
+# The team a component service's work belongs to, for fair share across teams. The gateway
+# sets it on every call to a component (after authenticating the caller) and strips it from
+# what callers send; a component reached without it shares one anonymous team.
+TEAM_HEADER = "X-Arbiter-Team"
