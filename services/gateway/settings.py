@@ -106,8 +106,8 @@ class GatewaySettings(ServiceSettings):
     # Teams (docs/operations/teams.md): API keys, quotas, usage, cache scope, idempotency.
     environment: Literal["development", "production"] = Field(
         default="development",
-        description="production: refuse the development GATEWAY_KEY_SECRET and short secrets "
-        "(compose and k8s set production).",
+        description="production: with auth on (GATEWAY_KEYS_FILE), refuse the development "
+        "GATEWAY_KEY_SECRET and short secrets (compose and k8s set production).",
     )
     keys_file: Path | None = Field(
         default=None,
@@ -210,8 +210,11 @@ class GatewaySettings(ServiceSettings):
                 "GATEWAY_KEYS_FILE needs REDIS_URL: quotas, usage and idempotency live in Redis, "
                 "shared by every gateway replica"
             )
+        # The secret is used only with keys (auth on): without a keys file there is nothing
+        # to refuse, so a local run needs no secret (docker compose's default).
         secret = self.key_secret.get_secret_value()
-        if self.environment != "development" and (secret == DEV_SECRET or len(secret) < 32):
+        unsafe = secret == DEV_SECRET or len(secret) < 32
+        if self.keys_file is not None and self.environment != "development" and unsafe:
             raise ValueError(
                 "GATEWAY_KEY_SECRET is the development default or shorter than 32 characters; "
                 "outside development (GATEWAY_ENVIRONMENT) set a random one, e.g. "

@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from arbiter.keys import revoke
 from arbiter.services.gateway.settings import GatewaySettings
+from tests.conftest import start_service
 from tests.services.gateway.teams import Keys, groups, post, start_gateway, usage, wait_for
 
 
@@ -163,10 +164,37 @@ def test_team_label_on_metrics_and_no_key_anywhere(gateway: Any, keys: Keys) -> 
     ],
 )
 def test_settings_refuse_an_unsafe_secret_outside_development(
-    env: dict[str, str], fragment: str
+    env: dict[str, str], fragment: str, tmp_path: Path
 ) -> None:
+    path = tmp_path / "keys.yaml"
+    path.write_text("keys: []\n")
+    on = {"keys_file": path, "redis_url": "redis://127.0.0.1:1/0"}
     with pytest.raises(ValidationError, match=fragment):
-        GatewaySettings(**env)  # type: ignore[arg-type]
+        GatewaySettings(**env, **on)  # type: ignore[arg-type]
+    # Auth off (no keys file): the secret is never used, so there is nothing to refuse.
+    assert GatewaySettings(**env).keys_file is None  # type: ignore[arg-type]
+
+
+def test_auth_off_in_production_starts_scores_and_says_so(
+    log_dir: Path, verify_url: str, redis_url: str, gateway: Any
+) -> None:
+    # docker compose's first run: production, Redis, no keys file, no secret.
+    proc, url = start_service(
+        "gateway",
+        log_dir,
+        {
+            "GATEWAY_VERIFY_URL": verify_url,
+            "REDIS_URL": redis_url,
+            "GATEWAY_ENVIRONMENT": "production",
+        },
+    )
+    try:
+        r = httpx.post(f"{url}/v1/score", json=_body(), timeout=30)
+        assert r.status_code == 200, r.text
+        assert "AUTH IS OFF" in Path(proc.log_path).read_text()
+    finally:
+        proc.stop()
+    assert "AUTH IS OFF" not in Path(gateway.log_path).read_text()  # auth on: no banner
 
 
 def test_settings_need_redis_with_a_keys_file(tmp_path: Path) -> None:
