@@ -27,6 +27,14 @@ class UsageDay(ArbiterModel):
     idempotent_replays: int = Field(
         default=0, description="Stored responses served again for an Idempotency-Key."
     )
+    unanswered: int = Field(
+        default=0, description="Scoring requests not answered: an error, or the client left."
+    )
+    unanswered_responses: int = Field(
+        default=0,
+        description="Of those, the responses whose work had reached a component: charged "
+        "to the quota (the rest were given back).",
+    )
     components: dict[str, ComponentUsage] = Field(default_factory=dict)
     errors: dict[str, int] = Field(default_factory=dict, description="Null scores by kind.")
 

@@ -15,8 +15,10 @@ from starlette.middleware import Middleware
 from arbiter.services.common.app import TimingMiddleware, create_service_app, validation_response
 from arbiter.services.gateway.auth import AuthMiddleware, KeyStore
 from arbiter.services.gateway.cache import Cache, LRUCache, NullCache, RedisCache
+from arbiter.services.gateway.collector import GroupCollector
 from arbiter.services.gateway.compat import router as compat_router
 from arbiter.services.gateway.fanout import ComponentClient
+from arbiter.services.gateway.lifecycle import Lifecycle
 from arbiter.services.gateway.recipes import RecipeBook
 from arbiter.services.gateway.routes import AUTH_RESPONSES, router
 from arbiter.services.gateway.scoring import Scorer
@@ -62,9 +64,15 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cache = build_cache(settings)
         client = ComponentClient(settings)
-        app.state.scorer = Scorer(book, cache, client, enabled=settings.cache_enabled)
-        app.state.teams = teams = Teams(settings, keys)
-        teams.attach(app.state.scorer)
+        scorer = Scorer(cache, client, enabled=settings.cache_enabled)
+        teams = Teams(settings, keys)
+        app.state.settings = settings
+        app.state.scorer = scorer
+        app.state.teams = teams
+        app.state.lifecycle = lifecycle = Lifecycle(book, scorer, teams)
+        app.state.compat_collector = GroupCollector(
+            scorer, settings.compat_window_ms / 1000, settings.compat_max_group
+        )
         log.info(
             "gateway: cache=%s verify=%s embedding=%s judge=%s recipes=%s auth=%s",
             cache.kind, settings.verify_url, settings.embedding_url, settings.judge_url,
@@ -76,6 +84,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await lifecycle.close()
             await client.close()
             await cache.close()
             await teams.close()

@@ -1,29 +1,38 @@
 """Group-aware batching for the sample-level routes (OpenRLHF, slime, NeMo Gym).
 
 Those frameworks post one sample per request, but GRPO's group components (``diversity``)
-need the whole group. Samples are collected per key (recipe, prompt, reference): the first
-sample of a key opens a batch and a window; the batch is scored as one group when the
-window closes or when it holds ``group_size`` samples (the caller's, else
+need the whole group. Samples are collected per key (recipe, prompt, reference, team):
+the first sample of a key opens a batch and a window; the batch is scored as one group
+when the window closes or when it holds ``group_size`` samples (the caller's, else
 ``GATEWAY_COMPAT_MAX_GROUP``), whichever comes first. Every waiter then gets its own
-index of that group. A full batch closes at once and the next sample opens a new one, so a
-batch never exceeds its size, and the window bounds the latency the collection adds.
+index of that group, read from the typed ``Scored`` (never from rendered bytes). A full
+batch closes at once and the next sample opens a new one, so a batch never exceeds its
+size, and the window bounds the latency the collection adds.
 
+Every waiter is answered: whatever the scoring raises reaches each waiter as its error.
 A waiter whose client went away leaves its batch: before the batch is sent its sample is
 dropped, and a batch whose every waiter left is not scored (or its scoring is cancelled).
+Each sample marks its own request's ``Progress`` once its work reached a component (a
+sample whose client left while its group was being scored counts as started), so the
+request's settlement charges exactly that.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
+from collections import Counter as Tally
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from prometheus_client import Histogram
 
-from arbiter.proto.gateway import ScoreRequest
-from arbiter.services.gateway.scoring import Scorer
+from arbiter.keys import ANONYMOUS
+from arbiter.proto.components import ScoreGroup
+from arbiter.services.gateway.recipes import ResolvedRecipe
+from arbiter.services.gateway.render import group_errors
+from arbiter.services.gateway.scoring import Progress, Scope, Scored, Scorer
+from arbiter.services.gateway.usage import tally
 
 log = logging.getLogger("arbiter.gateway.compat")
 
@@ -38,32 +47,44 @@ class GroupKey(NamedTuple):
     recipe: str
     prompt: str
     reference: str | None
-    team: str | None = None  # two teams' samples never land in one group (auth, usage, cache)
+    team: str = ANONYMOUS  # two teams' samples never land in one group (auth, usage, cache)
+    cache: str | None = None  # the cache space (the team's, or None: shared)
 
 
 class SampleScore(NamedTuple):
-    """One sample's share of its group's score."""
+    """One sample's share of its group's score, and of what settles."""
 
     reward: float | None
     components: dict[str, float | None]
     errors: list[dict[str, Any]]  # {"component", "index", "kind", "message"} of this sample
     fingerprint: str
     group_size: int
+    counts: Tally[str]  # the ledger's counters of this sample
+    judge_tokens: int  # the group's, on its first sample still waiting (else 0)
+    writes: list[tuple[str, str]]  # the group's new scores, likewise
+
+
+@dataclass
+class _Sample:
+    response: str
+    future: asyncio.Future[SampleScore]
+    progress: Progress  # its request's
+    at: tuple[int, int]  # its place in that progress
 
 
 @dataclass
 class _Batch:
     key: GroupKey
+    recipe: ResolvedRecipe
     size: int
-    responses: list[str] = field(default_factory=list)
-    waiters: list[asyncio.Future[SampleScore]] = field(default_factory=list)
+    samples: list[_Sample] = field(default_factory=list)
     timer: asyncio.TimerHandle | None = None
     task: asyncio.Task[None] | None = None
     sent: bool = False
 
 
 class GroupCollector:
-    """Built once per app; ``submit`` is called once per sample-level request."""
+    """Built once per app; ``submit`` is called once per sample of a compat request."""
 
     def __init__(self, scorer: Scorer, window_s: float, max_group: int):
         self.scorer = scorer
@@ -75,31 +96,35 @@ class GroupCollector:
     async def submit(
         self,
         key: GroupKey,
+        recipe: ResolvedRecipe,
         response: str,
+        progress: Progress,
+        at: tuple[int, int],
         *,
         window_s: float | None = None,
         group_size: int | None = None,
     ) -> SampleScore:
         batch = self._open.get(key)
         if batch is None:
-            batch = _Batch(key, min(group_size or self.max_group, self.max_group))
+            batch = _Batch(key, recipe, min(group_size or self.max_group, self.max_group))
             self._open[key] = batch
             wait = self.window_s if window_s is None else window_s
             batch.timer = asyncio.get_running_loop().call_later(wait, self._send, batch)
-        waiter: asyncio.Future[SampleScore] = asyncio.get_running_loop().create_future()
-        batch.responses.append(response)
-        batch.waiters.append(waiter)
-        if len(batch.responses) >= batch.size:
+        sample = _Sample(response, asyncio.get_running_loop().create_future(), progress, at)
+        batch.samples.append(sample)
+        if len(batch.samples) >= batch.size:
             self._send(batch)
         try:
-            return await waiter
+            return await sample.future
         except asyncio.CancelledError:
+            if batch.sent:  # its group is being scored: its work counts as started
+                progress.start([at])
             self._leave(batch)
             raise
 
     def _leave(self, batch: _Batch) -> None:
         """A waiter was cancelled (client gone): stop work nobody waits for."""
-        if batch.sent and batch.task is not None and all(w.done() for w in batch.waiters):
+        if batch.sent and batch.task is not None and all(s.future.done() for s in batch.samples):
             batch.task.cancel()
 
     def _send(self, batch: _Batch) -> None:
@@ -110,51 +135,68 @@ class GroupCollector:
             batch.timer.cancel()
         if self._open.get(batch.key) is batch:
             del self._open[batch.key]
-        live = [i for i, w in enumerate(batch.waiters) if not w.done()]
+        live = [s for s in batch.samples if not s.future.done()]
         if not live:
             return
         batch.task = asyncio.get_running_loop().create_task(self._score(batch, live))
         self._tasks.add(batch.task)
         batch.task.add_done_callback(self._tasks.discard)
 
-    async def _score(self, batch: _Batch, live: list[int]) -> None:
+    async def _score(self, batch: _Batch, live: list[_Sample]) -> None:
         key = batch.key
-        GROUP_SIZE.observe(len(live))
-        request = ScoreRequest.model_validate(
-            {
-                "recipe": key.recipe,
-                "groups": [
-                    {
-                        "prompt": key.prompt,
-                        "reference": key.reference,
-                        "responses": [batch.responses[i] for i in live],
-                    }
-                ],
-            }
-        )
+        scope = Scope(team=key.team, cache=key.cache)
         try:
-            scored = await self.scorer.score(request, key.team)
+            GROUP_SIZE.observe(len(live))
+            group = ScoreGroup.model_construct(
+                id="",
+                prompt=key.prompt,
+                reference=key.reference,
+                responses=[s.response for s in live],
+            )  # fmt: skip  (each text was checked by its route)
+            scored = await self.scorer.score(batch.recipe, [group], scope)
+            first = next((p for p, s in enumerate(live) if not s.future.done()), 0)
+            answers = _answers(scored, len(live), first)
         except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # every waiter answers with the same envelope
-            for i in live:
-                if not batch.waiters[i].done():
-                    batch.waiters[i].set_exception(exc)
+            raise  # every waiter left (each counted its own sample)
+        except BaseException as exc:  # every waiter answers with the same envelope
+            self._started(live, scope.progress)
+            for s in live:
+                if not s.future.done():
+                    s.future.set_exception(exc)
             return
-        doc = json.loads(scored.body)
-        group = doc["groups"][0]
-        fingerprint = doc["recipe"]["fingerprint"]
-        for pos, i in enumerate(live):
-            waiter = batch.waiters[i]
-            if waiter.done():
-                continue
-            waiter.set_result(
-                SampleScore(
-                    reward=group["rewards"][pos],
-                    components={name: s[pos] for name, s in group["components"].items()},
-                    errors=[e for e in group["errors"] if e["index"] == pos],
-                    fingerprint=fingerprint,
-                    group_size=len(live),
-                )
+        self._started(live, scope.progress)
+        for s, answer in zip(live, answers, strict=True):
+            if not s.future.done():
+                s.future.set_result(answer)
+
+    @staticmethod
+    def _started(live: list[_Sample], progress: Progress) -> None:
+        for pos, s in enumerate(live):
+            if progress.started((0, pos)) and not s.future.done():
+                s.progress.start([s.at])
+
+
+def _answers(scored: Scored, n: int, first: int) -> list[SampleScore]:
+    """Each sample's share of a one-group ``Scored``; the ``first`` still waiting carries
+    the group's judge tokens and new cache entries (they settle once)."""
+    errors = group_errors(scored, 0)
+    fingerprint = scored.recipe.ref.fingerprint
+    tokens = scored.merged.prompt_tokens + scored.merged.completion_tokens
+    out = []
+    for pos in range(n):
+        counts = tally(scored, [(0, pos)])
+        if pos != first:
+            counts["judge_prompt_tokens"] = counts["judge_completion_tokens"] = 0
+        out.append(
+            SampleScore(
+                reward=scored.rewards[0][pos],
+                components={c.name: c.scores[0][pos] for c in scored.comps},
+                errors=[e for e in errors if e["index"] == pos],
+                fingerprint=fingerprint,
+                group_size=n,
+                counts=counts,
+                judge_tokens=tokens if pos == first else 0,
+                writes=scored.writes if pos == first else [],
             )
-        await self.scorer.finish(scored)  # new scores to the cache, usage to the team
+        )
+    return out

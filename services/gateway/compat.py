@@ -5,7 +5,12 @@ the group collector (samples of the same prompt that arrive together are scored 
 group, see ``collector``), and renders the one sample's result in the framework's shape:
 the recipe total plus every component. The recipe is named by the path; its fingerprint
 comes back in the ``X-Arbiter-Recipe-Fingerprint`` header. Reading the text out of each
-framework's shape is ``compat_text``'s.
+framework's shape is ``compat_text``'s; every text is checked against the contract's
+bounds here, before admission, so an oversize one is a 422 naming its field.
+
+Each request goes through the same lifecycle as ``/v1/score`` (``lifecycle.py``):
+admission (allow-lists, the quota: one response per sample), scoring, one settlement on
+every way out (a failure or a client that left is refunded what never started).
 
 Null scores. OpenRLHF and slime turn every value into a tensor and have no "no signal"
 value, so a sample whose score could not be computed is answered with an error (503/504
@@ -18,13 +23,17 @@ then every null becomes that value and ``masked`` is 1.0. NeMo Gym has a field f
 from __future__ import annotations
 
 import asyncio
+from collections import Counter as Tally
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
 from prometheus_client import Counter
+from pydantic import BaseModel
 
 from arbiter.errors import Timeout, Unavailable, Unprocessable
+from arbiter.keys import Principal
 from arbiter.proto.compat import (
     NemoGymVerifyRequest,
     NemoGymVerifyResponse,
@@ -33,9 +42,11 @@ from arbiter.proto.compat import (
     SlimeRequest,
     SlimeResponse,
 )
+from arbiter.proto.components import MAX_TEXT_CHARS
 from arbiter.proto.errors import RETRYABLE_KINDS
 from arbiter.services.common.app import ERROR_RESPONSES
 from arbiter.services.common.responses import JSONBody
+from arbiter.services.gateway.auth import principal
 from arbiter.services.gateway.collector import GroupCollector, GroupKey, SampleScore
 from arbiter.services.gateway.compat_text import (
     REFERENCE_FIELDS,
@@ -45,8 +56,8 @@ from arbiter.services.gateway.compat_text import (
     split_query,
     strip_markers,
 )
-from arbiter.services.gateway.settings import GatewaySettings, get_settings
-from arbiter.services.gateway.teams import Tenant, current_tenant
+from arbiter.services.gateway.lifecycle import Lifecycle, Ticket
+from arbiter.services.gateway.settings import GatewaySettings
 
 router = APIRouter(tags=["compat"], responses=ERROR_RESPONSES)
 
@@ -59,20 +70,19 @@ COMPAT_REQUESTS = Counter(
 # --- dependencies -------------------------------------------------------------------
 
 
+async def _lifecycle(request: Request) -> Lifecycle:
+    lifecycle: Lifecycle = request.app.state.lifecycle
+    return lifecycle
+
+
 async def _collector(request: Request) -> GroupCollector:
-    state = request.app.state
-    collector: GroupCollector | None = getattr(state, "compat_collector", None)
-    if collector is None or collector.scorer is not state.scorer:
-        settings = get_settings()
-        collector = GroupCollector(
-            state.scorer, settings.compat_window_ms / 1000, settings.compat_max_group
-        )
-        state.compat_collector = collector
+    collector: GroupCollector = request.app.state.compat_collector
     return collector
 
 
-async def _settings() -> GatewaySettings:
-    return get_settings()
+async def _settings(request: Request) -> GatewaySettings:
+    settings: GatewaySettings = request.app.state.settings
+    return settings
 
 
 _GROUP_SIZE = Query(
@@ -100,12 +110,16 @@ class Options:
     group_size: int | None
     window_s: float | None
     null_reward: float | None
-    tenant: Tenant  # the caller: allow-lists, quota, and the team its samples are grouped in
+    who: Principal  # the caller: allow-lists, quota, and the team its samples are grouped in
+    lifecycle: Lifecycle
+    collector: GroupCollector
 
 
 async def _options(
+    request: Request,
     settings: Annotated[GatewaySettings, Depends(_settings)],
-    tenant: Annotated[Tenant, Depends(current_tenant)],
+    lifecycle: Annotated[Lifecycle, Depends(_lifecycle)],
+    collector: Annotated[GroupCollector, Depends(_collector)],
     group_size: Annotated[int | None, _GROUP_SIZE] = None,
     window_ms: Annotated[float | None, _WINDOW_MS] = None,
     null_reward: Annotated[float | None, _NULL_REWARD] = None,
@@ -120,42 +134,87 @@ async def _options(
         group_size=group_size,
         window_s=None if window_ms is None else window_ms / 1000,
         null_reward=settings.compat_null_reward if null_reward is None else null_reward,
-        tenant=tenant,
+        who=principal(request),
+        lifecycle=lifecycle,
+        collector=collector,
     )
 
 
-CollectorDep = Annotated[GroupCollector, Depends(_collector)]
 OptionsDep = Annotated[Options, Depends(_options)]
 
+# --- the lifecycle of a compat request ---------------------------------------------
 
-async def _score(
-    framework: str,
-    collector: GroupCollector,
-    recipe: str,
-    samples: list[tuple[str, str | None, str]],
-    opts: Options,
-) -> list[SampleScore]:
-    # An unknown recipe, a recipe the team may not use or a quota fails now, not after the
-    # window; each sample takes one response from the team's quota.
-    await opts.tenant.admit(collector.scorer.book.get(recipe), recipe, len(samples))
-    team = opts.tenant.team
-    try:
-        scores = await asyncio.gather(
-            *(
-                collector.submit(
-                    GroupKey(recipe, prompt, reference, team),
-                    response,
-                    window_s=opts.window_s,
-                    group_size=opts.group_size,
+
+@dataclass(frozen=True)
+class Sample:
+    """One sample's texts, each with the request field it came from (for a 422)."""
+
+    prompt: tuple[str, str]
+    reference: tuple[str | None, str]
+    response: tuple[str, str]
+
+    def checked(self) -> tuple[str, str | None, str]:
+        for text, param in (self.prompt, self.reference, self.response):
+            if text is not None and len(text) > MAX_TEXT_CHARS:
+                raise Unprocessable(
+                    f"{param}: longer than {MAX_TEXT_CHARS} characters",
+                    param=param,
+                    code="text_too_long",
                 )
-                for prompt, reference, response in samples
-            )
-        )
+        return self.prompt[0], self.reference[0], strip_markers(self.response[0])
+
+
+Shape = Callable[[list[SampleScore]], BaseModel]
+
+
+async def _answer(
+    framework: str, recipe: str, samples: list[Sample], opts: Options, param: str, shape: Shape
+) -> JSONBody:
+    """Admit, score through the collector, settle, answer ``shape``'s model."""
+    texts = [s.checked() for s in samples]  # 422 before admission: nothing is taken
+    lifecycle = opts.lifecycle
+    ticket = await lifecycle.admit(opts.who, recipe, len(texts), param=param)
+    assert isinstance(ticket, Ticket)  # no Idempotency-Key here: never a replay
+    try:
+        async with lifecycle.settling(ticket) as done:
+            scores = await _collect(recipe, ticket, texts, opts)
+            done.judge_tokens = sum(s.judge_tokens for s in scores)
+            done.writes = [w for s in scores for w in s.writes]
+            out = shape(scores)  # an error answer (unscorable, 503) settles unanswered
+            counts: Tally[str] = sum((s.counts for s in scores), Tally())
+            counts["requests"] = 1
+            done.answer(counts)
     except Exception:
         COMPAT_REQUESTS.labels(framework, "failed").inc()
         raise
     COMPAT_REQUESTS.labels(framework, "ok").inc()
-    return list(scores)
+    headers = {"X-Arbiter-Recipe-Fingerprint": ticket.recipe.ref.fingerprint}
+    return JSONBody(out, headers=headers)
+
+
+async def _collect(
+    recipe: str, ticket: Ticket, texts: list[tuple[str, str | None, str]], opts: Options
+) -> list[SampleScore]:
+    scope = ticket.scope
+    results = await asyncio.gather(
+        *(
+            opts.collector.submit(
+                GroupKey(recipe, prompt, reference, scope.team, scope.cache),
+                ticket.recipe,
+                response,
+                scope.progress,
+                (0, i),
+                window_s=opts.window_s,
+                group_size=opts.group_size,
+            )
+            for i, (prompt, reference, response) in enumerate(texts)
+        ),
+        return_exceptions=True,  # every sample settles before the request does
+    )
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return [r for r in results if isinstance(r, SampleScore)]
 
 
 def _fill(score: SampleScore, null_reward: float | None) -> tuple[float, dict[str, float], float]:
@@ -190,10 +249,6 @@ def _unscorable(score: SampleScore) -> Exception:
     return Unprocessable(message, code="unscorable")
 
 
-def _headers(scores: list[SampleScore]) -> dict[str, str]:
-    return {"X-Arbiter-Recipe-Fingerprint": scores[0].fingerprint} if scores else {}
-
-
 # --- routes ---------------------------------------------------------------------------
 
 
@@ -202,24 +257,25 @@ def _headers(scores: list[SampleScore]) -> dict[str, str]:
     response_model=OpenRLHFResponse,
     summary="OpenRLHF --reward.remote_url: rewards, scores and extra_logs per query",
 )
-async def openrlhf(
-    recipe: str,
-    body: OpenRLHFRequest,
-    collector: CollectorDep,
-    opts: OptionsDep,
-) -> JSONBody:
+async def openrlhf(recipe: str, body: OpenRLHFRequest, opts: OptionsDep) -> JSONBody:
     labels = body.labels or [None] * len(body.query)
     samples = [
-        (prompt, as_reference(label), strip_markers(split_query(q, prompt, f"query.{i}")))
+        Sample(
+            (prompt, f"prompts.{i}"),
+            (as_reference(label), f"labels.{i}"),
+            (split_query(q, prompt, f"query.{i}"), f"query.{i}"),
+        )
         for i, (q, prompt, label) in enumerate(zip(body.query, body.prompts, labels, strict=True))
     ]
-    scores = await _score("openrlhf", collector, recipe, samples, opts)
-    filled = [_fill(s, opts.null_reward) for s in scores]
-    rewards = [f[0] for f in filled]
-    logs: dict[str, list[float]] = {name: [f[1][name] for f in filled] for name in filled[0][1]}
-    logs["masked"] = [f[2] for f in filled]
-    body_out = OpenRLHFResponse(rewards=rewards, scores=rewards, extra_logs=logs)
-    return JSONBody(body_out, headers=_headers(scores))
+
+    def shape(scores: list[SampleScore]) -> OpenRLHFResponse:
+        filled = [_fill(s, opts.null_reward) for s in scores]
+        rewards = [f[0] for f in filled]
+        logs = {name: [f[1][name] for f in filled] for name in filled[0][1]}
+        logs["masked"] = [f[2] for f in filled]
+        return OpenRLHFResponse(rewards=rewards, scores=rewards, extra_logs=logs)
+
+    return await _answer("openrlhf", recipe, samples, opts, "query", shape)
 
 
 @router.post(
@@ -227,18 +283,18 @@ async def openrlhf(
     response_model=SlimeResponse,
     summary="slime --rm-type remote_rm: the total under 'reward' and each component",
 )
-async def slime(
-    recipe: str,
-    body: SlimeRequest,
-    collector: CollectorDep,
-    opts: OptionsDep,
-) -> JSONBody:
-    prompt = last_user_text(body.prompt)
-    sample = (prompt, as_reference(body.label), strip_markers(body.response))
-    scores = await _score("slime", collector, recipe, [sample], opts)
-    reward, comps, masked = _fill(scores[0], opts.null_reward)
-    out = SlimeResponse.model_validate({**comps, "reward": reward, "masked": masked})
-    return JSONBody(out, headers=_headers(scores))
+async def slime(recipe: str, body: SlimeRequest, opts: OptionsDep) -> JSONBody:
+    sample = Sample(
+        (last_user_text(body.prompt), "prompt"),
+        (as_reference(body.label), "label"),
+        (body.response, "response"),
+    )
+
+    def shape(scores: list[SampleScore]) -> SlimeResponse:
+        reward, comps, masked = _fill(scores[0], opts.null_reward)
+        return SlimeResponse.model_validate({**comps, "reward": reward, "masked": masked})
+
+    return await _answer("slime", recipe, [sample], opts, "response", shape)
 
 
 # Arbiter's error kinds in NeMo Gym's failure vocabulary (nemo_gym/failure_kinds.py);
@@ -267,30 +323,35 @@ _REFERENCE_FIELD = Query(
 async def nemo_gym_verify(
     recipe: str,
     body: NemoGymVerifyRequest,
-    collector: CollectorDep,
     opts: OptionsDep,
     reference_field: Annotated[str | None, _REFERENCE_FIELD] = None,
 ) -> JSONBody:
-    sample = nemo_gym_texts(body, reference_field)
-    scores = await _score("nemo-gym", collector, recipe, [sample], opts)
-    score = scores[0]
-    comps = {k: float(v) for k, v in score.components.items() if v is not None}
-    masked = score.reward is None
-    failure_kind = failure_reason = None
-    if score.errors:
-        first = score.errors[0]["kind"]
-        failure_kind = NEMO_GYM_KINDS.get(first, f"arbiter:{first}")
-        failure_reason = _errors_text(score)[:2000]
-    reward = score.reward if score.reward is not None else (opts.null_reward or 0.0)
-    out = NemoGymVerifyResponse.model_validate(
-        {
-            **body.model_dump(),
-            **comps,  # top level too: NeMo Gym's aggregate metrics read top-level numbers
-            "reward": reward,
-            "reward_components": comps,
-            "mask_sample": masked,
-            "failure_kind": failure_kind,
-            "failure_reason": failure_reason,
-        }
+    (prompt, reference, response), field_name = nemo_gym_texts(body, reference_field)
+    sample = Sample(
+        (prompt, "responses_create_params.input"),
+        (reference, field_name or "reference"),
+        (response, "response.output"),
     )
-    return JSONBody(out, headers=_headers(scores))
+
+    def shape(scores: list[SampleScore]) -> NemoGymVerifyResponse:
+        score = scores[0]
+        comps = {k: float(v) for k, v in score.components.items() if v is not None}
+        failure_kind = failure_reason = None
+        if score.errors:
+            first = score.errors[0]["kind"]
+            failure_kind = NEMO_GYM_KINDS.get(first, f"arbiter:{first}")
+            failure_reason = _errors_text(score)[:2000]
+        reward = score.reward if score.reward is not None else (opts.null_reward or 0.0)
+        return NemoGymVerifyResponse.model_validate(
+            {
+                **body.model_dump(),
+                **comps,  # top level too: NeMo Gym's aggregate metrics read top-level numbers
+                "reward": reward,
+                "reward_components": comps,
+                "mask_sample": score.reward is None,
+                "failure_kind": failure_kind,
+                "failure_reason": failure_reason,
+            }
+        )
+
+    return await _answer("nemo-gym", recipe, [sample], opts, "response", shape)

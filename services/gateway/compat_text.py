@@ -10,7 +10,6 @@ use these are in ``compat``.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 from pydantic import JsonValue
@@ -36,17 +35,23 @@ END_MARKERS = (
     "<|pad|>",
     "<pad>",
 )
-_TRAILING = re.compile(
-    "(?:\\s|" + "|".join(re.escape(m) for m in END_MARKERS) + ")+\\Z"
-)  # fmt: skip
 
 
 def strip_markers(text: str) -> str:
-    """The response without the end-of-turn/EOS markers (and whitespace) it ends with."""
-    match = _TRAILING.search(text)
-    if match is None or not any(m in match.group() for m in END_MARKERS):
-        return text
-    return text[: match.start()]
+    """The response without the end-of-turn/EOS markers (and whitespace) it ends with;
+    whitespace alone is kept. Linear in the text (a regex anchored at the end rescans
+    every run of whitespace: a 200k-space response held the loop for minutes)."""
+    end = len(text)
+    found = False
+    while True:
+        while end and text[end - 1].isspace():
+            end -= 1
+        marker = next((m for m in END_MARKERS if text.endswith(m, 0, end)), None)
+        if marker is None:
+            break
+        end -= len(marker)
+        found = True
+    return text[:end] if found else text
 
 
 def split_query(query: str, prompt: str, param: str) -> str:
@@ -116,17 +121,24 @@ REFERENCE_FIELDS = ("expected_answer", "reference", "label", "answer", "ground_t
 
 def nemo_gym_texts(
     body: NemoGymVerifyRequest, reference_field: str | None
-) -> tuple[str, str | None, str]:
-    """(prompt, reference, response) of a NeMo Gym verify request."""
+) -> tuple[tuple[str, str | None, str], str | None]:
+    """((prompt, reference, response), the field the reference came from) of a NeMo Gym
+    verify request."""
     params = body.responses_create_params
     prompt = last_user_text(params.get("input"))
     extra = body.model_extra or {}
     fields = (reference_field,) if reference_field else REFERENCE_FIELDS
-    reference = next((as_reference(extra[f]) for f in fields if extra.get(f) is not None), None)
+    found = next((f for f in fields if extra.get(f) is not None), None)
+    reference = None if found is None else as_reference(extra[found])
     texts = []
-    for item in body.response.get("output") or []:
+    for item in _list(body.response.get("output")):
         if isinstance(item, dict) and item.get("type", "message") == "message":
-            for part in item.get("content") or []:
+            for part in _list(item.get("content")):
                 if isinstance(part, dict) and part.get("type") == "output_text":
                     texts.append(str(part.get("text", "")))
-    return prompt, reference, strip_markers("".join(texts))
+    return (prompt, reference, "".join(texts)), found
+
+
+def _list(value: Any) -> list[Any]:
+    """``value`` if it is a list, else nothing (a hostile shape reads as no text)."""
+    return value if isinstance(value, list) else []

@@ -12,6 +12,11 @@ parsed ``ComponentResponse`` or the ``ArbiterError`` that stands for the failure
 connection errors, 5xx and 429; ``timeout`` past the component's deadline or on a 504;
 ``bad_response`` for a body that is not the contract or a 4xx). A 4xx that names
 ``params`` is the caller's bad recipe params and comes back as an ``InvalidRequest``.
+
+Every call carries its team in ``X-Arbiter-Team`` (the component shares its work fairly
+across teams) and waits for a slot in its team's fair share (``slots.TeamSlots``). Error
+messages name the component, never its URL: they reach callers in error entries, and
+``/readyz`` is unauthenticated. The URL goes to the (throttled) log.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Hashable
 
 import aiohttp
 from prometheus_client import Counter, Histogram
@@ -33,10 +39,13 @@ from arbiter.errors import (
     Unprocessable,
     from_response,
 )
+from arbiter.keys import ANONYMOUS
+from arbiter.proto.common import TEAM_HEADER
 from arbiter.proto.components import ComponentResponse
 from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.gateway.recipes import ComponentSpec
 from arbiter.services.gateway.settings import SERVICES, GatewaySettings
+from arbiter.services.gateway.slots import TeamSlots
 
 log = logging.getLogger("arbiter.gateway.fanout")
 # One line per component and kind per 10 s during an outage, with a count of the rest.
@@ -54,6 +63,7 @@ COMPONENT_CALLS = Counter(
 
 JSON_HEADERS = {"content-type": "application/json"}
 READY_TIMEOUT = aiohttp.ClientTimeout(total=2.0)
+UNREACHABLE = "component_unreachable"  # the code of a call that could not connect at all
 
 
 # A failure is a value here: the nulled items get its kind; only an ``InvalidRequest``
@@ -91,7 +101,8 @@ class ComponentClient:
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=settings.connect_timeout_s),
             headers={"accept-encoding": "identity"},  # components answer small JSON bodies
         )
-        self.slots = {s: asyncio.Semaphore(per_service) for s in SERVICES}
+        per_team = min(settings.team_concurrency, per_service)
+        self.slots = {s: TeamSlots(per_service, per_team) for s in SERVICES}
 
     async def close(self) -> None:
         await self.session.close()
@@ -100,27 +111,48 @@ class ComponentClient:
         base = self.settings.component_url(spec.name, spec.service)
         return None if base is None else base + spec.path
 
-    async def call(self, spec: ComponentSpec, body: bytes) -> CallResult:
+    async def call(
+        self,
+        spec: ComponentSpec,
+        body: bytes,
+        team: str = ANONYMOUS,
+        request: Hashable = None,
+        sent: Callable[[], None] | None = None,
+        weight: int = 1,
+    ) -> CallResult:
+        """POST ``body`` in ``team``'s share of the slots (``request``: the scoring call it
+        belongs to; ``weight``: the team's slots per turn); ``sent`` is called once the
+        call holds a slot and goes out."""
         url = self.url(spec)
         if url is None:
             return not_configured(spec)
         timeout = self.settings.timeout_for(spec.name)
+        headers = {**JSON_HEADERS, TEAM_HEADER: team}
         start = time.perf_counter()
         try:
-            async with asyncio.timeout(timeout), self.slots[spec.service]:
+            async with (
+                asyncio.timeout(timeout),
+                self.slots[spec.service].slot(team, request, weight),
+            ):
+                if sent is not None:
+                    sent()
                 try:
-                    result = await self._post(spec, url, body)
+                    result = await self._post(spec, url, body, headers)
                 except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
                     if isinstance(exc, aiohttp.ClientConnectorError):
                         raise  # could not connect at all: nothing stale to retry
                     # A kept-alive connection the component had closed (it restarted, or
                     # closed it as we reused it). Scoring is idempotent: once more, on a
                     # fresh connection.
-                    result = await self._post(spec, url, body)
+                    result = await self._post(spec, url, body, headers)
         except TimeoutError:  # aiohttp's own timeouts are TimeoutErrors too
-            result = Timeout(f"{spec.name}: no answer from {url} within {timeout:g}s")
+            result = Timeout(f"{spec.name}: no answer within {timeout:g}s")
+        except aiohttp.ClientConnectorError as exc:
+            FAILURES_LOG.warning((spec.name, "connect"), "%s: %s: %s", spec.name, url, exc)
+            result = Unavailable(f"{spec.name}: {spec.service} unreachable", code=UNREACHABLE)
         except aiohttp.ClientError as exc:
-            result = Unavailable(f"{spec.name}: {url} unreachable ({type(exc).__name__}: {exc})")
+            FAILURES_LOG.warning((spec.name, "client"), "%s: %s: %s", spec.name, url, exc)
+            result = Unavailable(f"{spec.name}: {spec.service} failed ({type(exc).__name__})")
         COMPONENT_SECONDS.labels(spec.name).observe(time.perf_counter() - start)
         if isinstance(result, ArbiterError):
             bad_params = isinstance(result, InvalidRequest)
@@ -133,18 +165,20 @@ class ComponentClient:
             COMPONENT_CALLS.labels(spec.name, "ok").inc()
         return result
 
-    async def _post(self, spec: ComponentSpec, url: str, body: bytes) -> CallResult:
-        async with self.session.post(url, data=body, headers=JSON_HEADERS) as resp:
-            return self._parse(spec, url, resp.status, await resp.read())
+    async def _post(
+        self, spec: ComponentSpec, url: str, body: bytes, headers: dict[str, str]
+    ) -> CallResult:
+        async with self.session.post(url, data=body, headers=headers) as resp:
+            return self._parse(spec, resp.status, await resp.read())
 
-    def _parse(self, spec: ComponentSpec, url: str, status: int, content: bytes) -> CallResult:
+    def _parse(self, spec: ComponentSpec, status: int, content: bytes) -> CallResult:
         if status == 200:
             try:
                 parsed = ComponentResponse.model_validate_json(content)
             except ValidationError as exc:
                 return BadResponse(f"{spec.name}: body is not a ComponentResponse: {exc}"[:500])
             return parsed
-        error = from_response(status, content, source=f"{spec.name} at {url}")
+        error = from_response(status, content, source=spec.name)
         if not isinstance(error, InvalidRequest):
             return error
         if (error.param or "").split(".")[0] == "params":  # the caller's recipe params
@@ -160,11 +194,12 @@ class ComponentClient:
         return await self.ready_url(base)
 
     async def ready_url(self, base: str) -> str:
+        # The answer is served on the unauthenticated /readyz: what is down, never where.
         try:
             async with self.session.get(f"{base}/readyz", timeout=READY_TIMEOUT) as resp:
                 status = resp.status
         except (TimeoutError, aiohttp.ClientError) as exc:
-            return f"{base} unreachable ({type(exc).__name__})"
+            return f"unreachable ({type(exc).__name__})"
         if status != 200:
-            return f"{base}/readyz answered HTTP {status}"
+            return f"its /readyz answered HTTP {status}"
         return "ok"

@@ -30,9 +30,11 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from arbiter.errors import BadRequest, Conflict, Unprocessable
+from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.gateway.cache import REDIS_ERRORS
 
 log = logging.getLogger("arbiter.gateway.idempotency")
+WARNINGS = ThrottledLog(log)  # one line per 10 s during a Redis outage, with a count
 
 HEADER = "Idempotency-Key"
 REPLAYED = "Idempotent-Replayed"
@@ -122,7 +124,9 @@ class Idempotency:
                 await asyncio.sleep(POLL_S)
         except (RedisError, OSError, TimeoutError) as exc:
             REDIS_ERRORS.labels("idempotency").inc()
-            log.warning("idempotency check failed (%s); scoring without it", type(exc).__name__)
+            WARNINGS.warning(
+                "begin", "idempotency check failed (%s); scoring without it", type(exc).__name__
+            )
             return None
 
     async def _try_claim(self, entry: str, pending: bytes) -> bytes | None:
@@ -148,12 +152,14 @@ class Idempotency:
         """Store the answer for ``ttl_s``; replaces the pending claim."""
         try:
             await self.redis.set(claim.entry, b"D" + claim.pending[1:] + body, ex=self.ttl_s)
-        except (RedisError, OSError, TimeoutError):
+        except (RedisError, OSError, TimeoutError) as exc:
             REDIS_ERRORS.labels("idempotency").inc()
+            WARNINGS.warning("finish", "answer not stored for its key (%s)", type(exc).__name__)
 
     async def release(self, claim: Claim) -> None:
         """Give the key up (the request failed or was cancelled): a retry is scored afresh."""
         try:
             await self._release(keys=[claim.entry], args=[claim.pending])
-        except (RedisError, OSError, TimeoutError):
+        except (RedisError, OSError, TimeoutError) as exc:
             REDIS_ERRORS.labels("idempotency").inc()
+            WARNINGS.warning("release", "key not released (%s)", type(exc).__name__)

@@ -62,8 +62,10 @@ def _fill_hit(comp: ComponentScores, g: int, j: int, value: Value, n: int) -> No
             comp.scores[g] = [float(s) for s in scores]
             comp.info[g] = doc.get("i") or {}
             comp.hits += n
+            comp.hit_at.update((g, i) for i in range(n))
         else:
             comp.scores[g][j] = float(value)
             comp.hits += 1
+            comp.hit_at.add((g, j))
     except (ValueError, KeyError, TypeError):
         return  # an unreadable entry is a miss

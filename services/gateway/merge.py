@@ -1,4 +1,4 @@
-"""Step 4: write what the component calls answered back into the plan.
+"""Step 5: write what the component calls answered back into the plan; weigh the rewards.
 
 Each score goes to exactly the response indices its text stood for. A component's answer
 is checked against the contract as it is merged: a wrong number of groups or scores, or a
@@ -6,6 +6,10 @@ non-finite score, becomes a null with ``bad_response``; a null the component did
 explain gets ``bad_response`` too, so every null carries a reason. A refused param
 (an ``InvalidRequest`` from the fan-out) is the caller's error: the whole request fails
 with 422 naming it. Successful scores become new cache entries.
+
+``weigh`` makes the rewards: the weighted sums, null when any weighted component of that
+response is null (a zero-weight component never nulls a reward) or when the sum is not
+finite (an error entry with component ``reward`` says so), so every body is strict JSON.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 
 from arbiter.errors import ArbiterError, InvalidRequest, Timeout, Unavailable, Unprocessable
-from arbiter.proto.components import ComponentResponse
+from arbiter.proto.components import ComponentResponse, ScoreGroup
 from arbiter.services.gateway.fanout import CallResult
 from arbiter.services.gateway.misses import Call
 from arbiter.services.gateway.plan import ComponentScores, Item
@@ -98,3 +102,35 @@ def failure_error(failures: list[ArbiterError]) -> ArbiterError:
     if all(f.kind == "timeout" for f in failures):
         return Timeout(messages, code="component_timeout")
     return Unavailable(messages, code=f"component_{failures[0].kind}")
+
+
+REWARD = "reward"  # the error entry's component when the weighted sum itself failed
+
+
+def weigh(
+    comps: list[ComponentScores], groups: list[ScoreGroup]
+) -> tuple[list[list[float | None]], list[list[tuple[int, str, str]]]]:
+    """(rewards, errors) per group: each response's weighted sum, or None and why."""
+    weighted = [(c, c.bound.weight) for c in comps if c.bound.weight != 0]
+    rewards: list[list[float | None]] = []
+    errors: list[list[tuple[int, str, str]]] = []
+    for g, group in enumerate(groups):
+        row: list[float | None] = []
+        errs: list[tuple[int, str, str]] = []
+        for j in range(len(group.responses)):
+            total: float | None = 0.0
+            for c, w in weighted:
+                s = c.scores[g][j]
+                if s is None:
+                    total = None
+                    break
+                total += w * s  # type: ignore[operator]
+            if total is not None and not math.isfinite(total):
+                # Bounded weights times finite scores cannot overflow, but a component may
+                # answer a finite score far outside its range: null it, never send inf.
+                errs.append((j, "bad_response", f"the weighted sum is not finite ({total})"))
+                total = None
+            row.append(total)
+        rewards.append(row)
+        errors.append(errs)
+    return rewards, errors

@@ -8,7 +8,7 @@ missing (``misses.py``, ``merge.py``); ``render.py`` reads them into the respons
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from arbiter.proto.components import ScoreGroup
@@ -37,6 +37,7 @@ class ComponentScores:
     info: list[dict[str, Any]]  # per group: the component's notes
     keys: list[list[str]]  # per group: its cache keys (one per response, or one per group)
     hits: int = 0  # scores filled from the cache
+    hit_at: set[tuple[int, int]] = field(default_factory=set)  # their (group, index)
 
     @property
     def name(self) -> str:

@@ -29,9 +29,11 @@ from redis.exceptions import RedisError
 
 from arbiter.errors import PayloadTooLarge, RateLimited
 from arbiter.keys import Principal
+from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.gateway.cache import REDIS_ERRORS
 
 log = logging.getLogger("arbiter.gateway.quota")
+WARNINGS = ThrottledLog(log)  # one line per 10 s during a Redis outage, with a count
 
 QUOTA_REJECTIONS = Counter(
     "arbiter_gateway_quota_rejections_total",
@@ -103,17 +105,21 @@ class Quota:
         self._take = redis.register_script(TAKE_LUA)
         self._charge = redis.register_script(CHARGE_LUA)
 
-    async def take(self, who: Principal, responses: int, uses_judge: bool) -> None:
-        """Take ``responses`` tokens, or raise 429 (``Retry-After``) / 413."""
+    async def take(
+        self, who: Principal, responses: int, uses_judge: bool, param: str = "groups"
+    ) -> int:
+        """Take ``responses`` tokens and return how many were taken (0: no such quota, or
+        Redis failed), or raise 429 (``Retry-After``) / 413 naming ``param`` (the
+        request's field that holds the responses)."""
         rpm = who.limits.responses_per_minute or 0
         jcap = who.limits.judge_tokens_per_day or 0
         if not rpm and not (jcap and uses_judge):
-            return
+            return 0
         if rpm and responses > rpm:
             raise PayloadTooLarge(
-                f"groups: {responses} responses in one request, more than team {who.team}'s "
+                f"{param}: {responses} responses in one request, more than team {who.team}'s "
                 f"whole quota of {rpm} responses per minute; split the request",
-                param="groups",
+                param=param,
                 code="exceeds_quota",
             )
         try:
@@ -122,10 +128,10 @@ class Quota:
             )
         except (RedisError, OSError, TimeoutError) as exc:
             REDIS_ERRORS.labels("quota").inc()
-            log.warning("quota check failed (%s); serving unlimited", type(exc).__name__)
-            return
+            WARNINGS.warning("take", "quota not checked (%s): unlimited", type(exc).__name__)
+            return 0
         if int(answer[0]) == 1:
-            return
+            return responses if rpm else 0
         wait_s = int(answer[1]) / 1000
         quota = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
         QUOTA_REJECTIONS.labels(who.team, quota).inc()
@@ -152,5 +158,6 @@ class Quota:
     async def _run_charge(self, key: str, cap: int, amount: int, period_ms: int) -> None:
         try:
             await self._charge(keys=[key], args=[cap, amount, period_ms])
-        except (RedisError, OSError, TimeoutError):
+        except (RedisError, OSError, TimeoutError) as exc:
             REDIS_ERRORS.labels("quota").inc()
+            WARNINGS.warning("charge", "quota not charged (%s)", type(exc).__name__)

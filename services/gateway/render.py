@@ -1,27 +1,20 @@
-"""Step 5: the ``ScoreResponse`` body from the filled plan.
+"""The last step of ``/v1/score``: the ``ScoreResponse`` body of a ``Scored``, made once.
 
-Rewards are the weighted sums, null when any weighted component of that response is null
-(a zero-weight component never nulls a reward) or when the sum is not finite (an error
-entry with component ``reward`` says so): the body is always strict JSON. The body is
-built as plain dicts and lists and serialised with ``json``: it has the ``ScoreResponse``
-shape (the route documents that model, ``tests/services/gateway`` parse bodies with it)
-without building one per request.
+The body is built as plain dicts and lists and serialised with ``json``: it has the
+``ScoreResponse`` shape (the route documents that model, ``tests/services/gateway`` parse
+bodies with it) without building one per request. Error entries come sorted per
+component (weighted-sum failures first, under component ``reward``).
 """
 
 from __future__ import annotations
 
 import json
-import math
+from typing import Any
 
 from prometheus_client import Counter
 
-from arbiter.proto.components import ScoreGroup
-from arbiter.services.gateway.merge import Merged
-from arbiter.services.gateway.plan import ComponentScores
-from arbiter.services.gateway.recipes import ResolvedRecipe
-from arbiter.services.gateway.reward_metrics import SCORES
-
-REWARD = "reward"  # the error entry's component when the weighted sum itself failed
+from arbiter.services.gateway.merge import REWARD
+from arbiter.services.gateway.scoring import Scored
 
 COMPONENT_ERRORS = Counter(
     "arbiter_gateway_component_errors_total", "Null scores by component and kind.",
@@ -29,63 +22,45 @@ COMPONENT_ERRORS = Counter(
 )  # fmt: skip
 
 
-def render(
-    recipe: ResolvedRecipe,
-    groups: list[ScoreGroup],
-    comps: list[ComponentScores],
-    merged: Merged,
-    elapsed_s: float,
-) -> bytes:
-    weighted = [(c, c.bound.weight) for c in comps if c.bound.weight != 0]
+def group_errors(scored: Scored, g: int) -> list[dict[str, Any]]:
+    """Group ``g``'s error entries: the rewards' own, then each component's by index."""
+    out = [
+        {"component": REWARD, "index": j, "kind": kind, "message": message}
+        for j, kind, message in scored.reward_errors[g]
+    ]
+    for c in scored.comps:
+        for j, kind, message in sorted(c.errors[g]):
+            out.append({"component": c.name, "index": j, "kind": kind, "message": message})
+    return out
+
+
+def render(scored: Scored) -> bytes:
     out_groups = []
     responses = 0
-    for g, group in enumerate(groups):
-        n = len(group.responses)
-        responses += n
-        rewards: list[float | None] = []
-        errors = []
-        for j in range(n):
-            total: float | None = 0.0
-            for c, w in weighted:
-                s = c.scores[g][j]
-                if s is None:
-                    total = None
-                    break
-                total += w * s  # type: ignore[operator]
-            if total is not None and not math.isfinite(total):
-                # Bounded weights times finite scores cannot overflow, but a component may
-                # answer a finite score far outside its range: null it, never send inf.
-                errors.append({"component": REWARD, "index": j, "kind": "bad_response",
-                               "message": f"the weighted sum is not finite ({total})"})  # fmt: skip
-                total = None
-            rewards.append(total)
-        SCORES.observe_rewards(recipe.ref.name, rewards)
-        info = {}
-        for c in comps:
-            SCORES.observe_component(c.name, c.scores[g])
-            for j, kind, message in sorted(c.errors[g]):
-                COMPONENT_ERRORS.labels(c.name, kind).inc()
-                errors.append({"component": c.name, "index": j, "kind": kind, "message": message})
-            if c.info[g]:
-                info[c.name] = c.info[g]
+    for g, group in enumerate(scored.groups):
+        responses += len(group.responses)
+        rewards = scored.rewards[g]
+        errors = group_errors(scored, g)
+        for e in errors:
+            COMPONENT_ERRORS.labels(e["component"], e["kind"]).inc()
         out_groups.append(
             {
                 "id": group.id,
                 "rewards": rewards,
-                "components": {c.name: c.scores[g] for c in comps},
+                "components": {c.name: c.scores[g] for c in scored.comps},
                 "masked": [r is None for r in rewards],
                 "errors": errors,
-                "info": info,
+                "info": {c.name: c.info[g] for c in scored.comps if c.info[g]},
             }
         )
-    hits = sum(c.hits for c in comps)
+    hits = sum(c.hits for c in scored.comps)
     usage = {
         "responses": responses,
         "cache_hits": hits,
-        "cache_misses": responses * len(comps) - hits,
-        "judge_prompt_tokens": merged.prompt_tokens,
-        "judge_completion_tokens": merged.completion_tokens,
-        "elapsed_ms": round(elapsed_s * 1000, 3),
+        "cache_misses": responses * len(scored.comps) - hits,
+        "judge_prompt_tokens": scored.merged.prompt_tokens,
+        "judge_completion_tokens": scored.merged.completion_tokens,
+        "elapsed_ms": round(scored.elapsed_s * 1000, 3),
     }
-    doc = {"recipe": recipe.ref_json, "groups": out_groups, "usage": usage}
+    doc = {"recipe": scored.recipe.ref_json, "groups": out_groups, "usage": usage}
     return json.dumps(doc, separators=(",", ":")).encode()

@@ -1,7 +1,8 @@
-"""Gateway routes: parse, call the scorer built at start-up, return its rendered body.
+"""Gateway routes: parse, then the scoring call's lifecycle (``lifecycle.py``): admit,
+score and settle, answer the bytes rendered once.
 
-Every ``/v1/*`` route is behind ``AuthMiddleware`` (401); the scoring work goes through
-the caller's ``Tenant`` (403, quotas, idempotency, usage: ``teams.py``).
+Every ``/v1/*`` route is behind ``AuthMiddleware`` (401), which puts the caller's
+``Principal`` on the request.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Query, Request
 
 from arbiter.errors import Unprocessable
+from arbiter.keys import Principal
 from arbiter.proto.errors import ErrorResponse
 from arbiter.proto.gateway import RecipeList, ScoreRequest, ScoreResponse
 from arbiter.proto.usage import UsageReport
 from arbiter.services.common.responses import JSONBody
+from arbiter.services.gateway.auth import principal
 from arbiter.services.gateway.idempotency import HEADER
-from arbiter.services.gateway.scoring import Scorer
-from arbiter.services.gateway.teams import Tenant, current_tenant
+from arbiter.services.gateway.lifecycle import IdempotentCall, Lifecycle
 from arbiter.services.gateway.usage import today
 
 # The answers of an authenticated route, besides every service's (ERROR_RESPONSES).
@@ -29,13 +31,17 @@ AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {
 router = APIRouter(tags=["score"], responses=AUTH_RESPONSES)
 
 
-async def _scorer(request: Request) -> Scorer:
-    scorer: Scorer = request.app.state.scorer
-    return scorer
+async def _lifecycle(request: Request) -> Lifecycle:
+    lifecycle: Lifecycle = request.app.state.lifecycle
+    return lifecycle
 
 
-ScorerDep = Annotated[Scorer, Depends(_scorer)]
-TenantDep = Annotated[Tenant, Depends(current_tenant)]
+async def _caller(request: Request) -> Principal:
+    return principal(request)
+
+
+LifecycleDep = Annotated[Lifecycle, Depends(_lifecycle)]
+CallerDep = Annotated[Principal, Depends(_caller)]
 _IDEMPOTENCY = Header(
     alias=HEADER,
     description="Any unique string (a UUID) per scoring call, the same on its retries: a "
@@ -52,19 +58,25 @@ _IDEMPOTENCY = Header(
 async def score(
     body: ScoreRequest,
     request: Request,
-    scorer: ScorerDep,
-    tenant: TenantDep,
+    lifecycle: LifecycleDep,
+    who: CallerDep,
     idempotency_key: Annotated[str | None, _IDEMPOTENCY] = None,
 ) -> JSONBody:
-    raw = await request.body() if idempotency_key is not None else b""  # already read: cached
-    return await tenant.score(scorer, body, idempotency_key, request.url.path, raw)
+    idempotent = None
+    if idempotency_key is not None:  # the body was read already: cached
+        idempotent = IdempotentCall(idempotency_key, "POST", request.url.path, await request.body())
+    responses = sum(len(g.responses) for g in body.groups)
+    ticket = await lifecycle.admit(who, body.recipe, responses, idempotent=idempotent)
+    if isinstance(ticket, JSONBody):  # the stored answer of an earlier call with the key
+        return ticket
+    return JSONBody(await lifecycle.score(ticket, body.groups, body.on_error == "fail"))
 
 
 @router.get(
     "/v1/recipes", response_model=RecipeList, summary="The named recipes the caller may use"
 )
-async def recipes(scorer: ScorerDep, tenant: TenantDep) -> JSONBody:
-    allowed = [r for r in scorer.book.refs() if tenant.who.may_use_recipe(r.name)]
+async def recipes(lifecycle: LifecycleDep, who: CallerDep) -> JSONBody:
+    allowed = [r for r in lifecycle.book.refs() if who.may_use_recipe(r.name)]
     return JSONBody(RecipeList(recipes=allowed))
 
 
@@ -75,7 +87,8 @@ async def recipes(scorer: ScorerDep, tenant: TenantDep) -> JSONBody:
     summary="The caller's team's usage per UTC day (an admin key: every team's)",
 )
 async def usage(
-    tenant: TenantDep,
+    lifecycle: LifecycleDep,
+    who: CallerDep,
     start: Annotated[date | None, Query(alias="from", description="First UTC day (today).")] = None,
     end: Annotated[date | None, Query(alias="to", description="Last UTC day (`from`).")] = None,
     team: Annotated[str | None, Query(max_length=64, description="Admin: one team.")] = None,
@@ -84,5 +97,5 @@ async def usage(
     end = end or start
     if end < start:
         raise Unprocessable("to: is before from", param="to", code="invalid_range")
-    report = await tenant.teams.usage(tenant.who, start, end, team)
+    report = await lifecycle.teams.usage(who, start, end, team)
     return JSONBody(report)

@@ -1,18 +1,22 @@
-"""The work behind ``POST /v1/score``, one step per module, in the order they run.
+"""The scoring step of a scoring call: pure work on a resolved recipe, one module per step.
 
 1. ``plan.py``: a result table per recipe component, with the cache keys of its work.
 2. ``lookup.py``: every component's keys in one cache round trip (one Redis MGET).
 3. ``misses.py``: what is missing, de-duplicated within each group, in chunks of groups.
-4. ``fanout.py``: the chunks, to every component concurrently (``ComponentClient``).
-5. ``merge.py``: the answers back into exactly the response indices they came from.
-6. ``render.py``: weighted rewards and the response body.
+4. ``fanout.py``: the chunks, to every component concurrently (``ComponentClient``), each
+   call in its team's fair share of the component's slots.
+5. ``merge.py``: the answers back into exactly the response indices they came from, and
+   the weighted rewards.
 
-New scores are written to the cache after the response is sent (``Scorer.finish``), and
-the request's counters go to the team's usage ledger (``after``, set by ``teams.py``).
+``Scorer.score(recipe, groups, scope)`` knows no caller, quota or bytes: it returns a typed
+``Scored``. Admission before it and settlement and rendering after it are
+``lifecycle.py``'s (``render.py`` makes the bytes of ``/v1/score``; the compat routes read
+their samples out of the same ``Scored``).
 
-Cache scope: a request scored for a ``team`` reads and writes that team's cache space,
-unless its recipe says ``cache: shared``; without a team (auth off) every request shares
-one space.
+``Scope`` says whose work it is: the team (the fan-out's fair share and the
+``X-Arbiter-Team`` header), the cache space (the team's, or None: a shared recipe or auth
+off), and ``Progress``, where the fan-out marks each response whose work reached a
+component, so a request that fails or is left is charged for exactly that work.
 """
 
 from __future__ import annotations
@@ -20,27 +24,32 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter as Tally
-from collections.abc import Awaitable, Callable
-from typing import NamedTuple, ParamSpec, TypeVar
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import ParamSpec, TypeVar
 
 from prometheus_client import Counter
 
-from arbiter.errors import ArbiterError, InvalidRequest, Timeout, Unavailable
+from arbiter.errors import ArbiterError, InvalidRequest, Unavailable
+from arbiter.keys import ANONYMOUS
 from arbiter.proto.components import ScoreGroup
-from arbiter.proto.gateway import ScoreRequest
 from arbiter.services.common.app import NON_BLOCKING_PREFIXES
 from arbiter.services.gateway.cache import Cache
-from arbiter.services.gateway.fanout import ComponentClient, not_configured
+from arbiter.services.gateway.fanout import (
+    UNREACHABLE,
+    CallResult,
+    ComponentClient,
+    not_configured,
+)
 from arbiter.services.gateway.lookup import CHUNK_KEYS, lookup
-from arbiter.services.gateway.merge import failure_error, merge
+from arbiter.services.gateway.merge import Merged, merge, weigh
 from arbiter.services.gateway.misses import Call, call, chunks, misses
 from arbiter.services.gateway.plan import ComponentScores, plan
-from arbiter.services.gateway.recipes import RecipeBook
-from arbiter.services.gateway.render import render
-from arbiter.services.gateway.usage import tally
+from arbiter.services.gateway.recipes import ResolvedRecipe
+from arbiter.services.gateway.reward_metrics import SCORES
 
 REQUESTS = Counter(
-    "arbiter_gateway_score_requests_total", "POST /v1/score by recipe and outcome.",
+    "arbiter_gateway_score_requests_total", "Scoring calls by recipe and outcome.",
     ["recipe", "outcome"],
 )  # fmt: skip
 
@@ -57,80 +66,134 @@ async def _inline(fn: Callable[P, R], /, *args: P.args, **kwargs: P.kwargs) -> R
     return fn(*args, **kwargs)
 
 
-class Scored(NamedTuple):
-    body: bytes  # the serialised ScoreResponse
-    writes: list[tuple[str, str]]  # new cache entries, to store once the body is sent
-    team: str | None = None  # who it was scored for (None: auth off)
-    counts: Tally[str] | None = None  # the usage ledger's counters of this request
+class Progress:
+    """Which responses' work reached a component: ``(group, index)`` with a count of the
+    calls that carried it (a response is in one call per component)."""
+
+    def __init__(self) -> None:
+        self._calls: Tally[tuple[int, int]] = Tally()
+
+    def start(self, where: Iterable[tuple[int, int]]) -> None:
+        self._calls.update(where)
+
+    def undo(self, where: Iterable[tuple[int, int]]) -> None:
+        self._calls.subtract(where)
+
+    def started(self, where: tuple[int, int]) -> bool:
+        return self._calls[where] > 0
+
+    @property
+    def count(self) -> int:
+        return sum(1 for n in self._calls.values() if n > 0)
 
 
-After = Callable[[Scored], Awaitable[None]]
+@dataclass(frozen=True)
+class Scope:
+    """Whose work one scoring call is (see the module docstring)."""
+
+    team: str = ANONYMOUS
+    cache: str | None = None
+    progress: Progress = field(default_factory=Progress)
+    weight: int = 1  # the team's share of a component's slots per turn (keys file)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A scored request: the filled plan, the weighted rewards, what to cache."""
+
+    recipe: ResolvedRecipe
+    groups: list[ScoreGroup]
+    comps: list[ComponentScores]
+    merged: Merged
+    rewards: list[list[float | None]]  # (groups, responses)
+    reward_errors: list[list[tuple[int, str, str]]]  # per group: (index, kind, message)
+    elapsed_s: float
+
+    @property
+    def writes(self) -> list[tuple[str, str]]:
+        return self.merged.writes
+
+    @property
+    def failures(self) -> list[ArbiterError]:
+        return self.merged.failures
+
+
+def _positions(c: Call) -> list[tuple[int, int]]:
+    return [(item.g, j) for item in c.items for pos in item.positions for j in pos]
 
 
 class Scorer:
-    """Built once at start-up (app.state.scorer); one call per ``/v1/score`` request."""
+    """Built once at start-up (``app.state.scorer``); one ``score`` per scoring call."""
 
-    def __init__(self, book: RecipeBook, cache: Cache, client: ComponentClient, enabled: bool):
-        self.book = book
+    def __init__(self, cache: Cache, client: ComponentClient, enabled: bool):
         self.cache = cache
         self.client = client
         self.cache_enabled = enabled
-        # Scores answered but not yet in Redis (the store runs after the response is sent):
-        # served from here so this process always sees its own writes.
+        # Scores answered but not yet in Redis (the store runs beside the answer): served
+        # from here so this process always sees its own writes.
         self._pending: dict[str, str] = {}
-        self.after: After | None = None  # usage and judge-token charging (teams.py)
 
-    async def score(self, req: ScoreRequest, team: str | None = None) -> Scored:
-        """Score ``req`` for ``team`` (its cache space unless the recipe is shared)."""
-        label = req.recipe if isinstance(req.recipe, str) else "inline"
+    async def score(self, recipe: ResolvedRecipe, groups: list[ScoreGroup], scope: Scope) -> Scored:
+        """Score ``groups``; an ``InvalidRequest`` (params a component refused) is the only
+        error raised: a failed component is nulls with their reasons in ``Scored``."""
+        label = recipe.ref.name
         try:
-            scored = await self._score(req, team)
+            scored = await self._score(recipe, groups, scope)
         except InvalidRequest:
-            REQUESTS.labels(label if label in self.book.names else "unknown", "invalid").inc()
+            REQUESTS.labels(label, "invalid").inc()
             raise
-        except (Unavailable, Timeout):
-            REQUESTS.labels(label, "failed").inc()
-            raise
-        REQUESTS.labels(label, "ok").inc()
+        REQUESTS.labels(label, "failed" if scored.failures else "ok").inc()
         return scored
 
-    async def _score(self, req: ScoreRequest, team: str | None) -> Scored:
+    async def _score(
+        self, recipe: ResolvedRecipe, groups: list[ScoreGroup], scope: Scope
+    ) -> Scored:
         start = time.perf_counter()
-        recipe = self.book.get(req.recipe)  # 422 for an unknown recipe or bad params
-        scope = None if recipe.ref.cache == "shared" else team
         # A big request's CPU-bound steps run on a worker thread: the event loop, which gets
         # the GIL back every few ms, keeps answering other callers meanwhile (a maximal
         # request stalled them for seconds when every step ran on the loop).
-        n = sum(len(g.responses) for g in req.groups)
+        n = sum(len(g.responses) for g in groups)
         run = asyncio.to_thread if n >= THREAD_RESPONSES else _inline
-        comps = await run(plan, recipe, req.groups, scope)
-        await self._lookup(comps, req.groups)
-        calls, failures = await run(self._calls, comps, req.groups)
-        results = await asyncio.gather(*(self.client.call(c.spec, c.body) for c in calls))
+        comps = await run(plan, recipe, groups, scope.cache)
+        if self.cache_enabled:
+            live = [c for c in comps if self.client.url(c.bound.spec) is not None]
+            await lookup(self.cache, self._pending, live, groups)
+        calls, failures = await run(self._calls, comps, groups)
+        results = await asyncio.gather(*(self._call(c, scope) for c in calls))
         merged = await run(merge, comps, calls, results)
         merged.failures[:0] = failures
         if not self.cache_enabled:
             merged.writes.clear()
-        if merged.failures and req.on_error == "fail":
-            await self.store(merged.writes)
-            raise failure_error(merged.failures)
-        self._remember(merged.writes)
-        body = await run(render, recipe, req.groups, comps, merged, time.perf_counter() - start)
-        counts = None
-        if self.after is not None:
-            counts = tally(comps, req.groups, merged.prompt_tokens, merged.completion_tokens)
-        return Scored(body, merged.writes, team, counts)
+        rewards, reward_errors = await run(weigh, comps, groups)
+        SCORES.observe_rewards(recipe.ref.name, (r for rs in rewards for r in rs))
+        for c in comps:
+            SCORES.observe_component(c.name, (s for ss in c.scores for s in ss))
+        elapsed = time.perf_counter() - start
+        return Scored(recipe, groups, comps, merged, rewards, reward_errors, elapsed)
 
-    async def _lookup(self, comps: list[ComponentScores], groups: list[ScoreGroup]) -> None:
-        if self.cache_enabled:
-            live = [c for c in comps if self.client.url(c.bound.spec) is not None]
-            await lookup(self.cache, self._pending, live, groups)
+    async def _call(self, c: Call, scope: Scope) -> CallResult:
+        """One component call; its responses count as started once the call reached the
+        component (or was in flight when the request was cancelled)."""
+        where = _positions(c)
+        reached = False
+
+        def sent() -> None:
+            nonlocal reached
+            reached = True
+            scope.progress.start(where)
+
+        result = await self.client.call(
+            c.spec, c.body, scope.team, id(scope.progress), sent, scope.weight
+        )
+        if reached and isinstance(result, Unavailable) and result.code == UNREACHABLE:
+            scope.progress.undo(where)  # no connection: nothing reached the component
+        return result
 
     def _calls(
         self, comps: list[ComponentScores], groups: list[ScoreGroup]
     ) -> tuple[list[Call], list[ArbiterError]]:
         """The calls to make; a component whose service is not configured fails at once."""
-        calls: list[Call] = []
+        out: list[Call] = []
         failures: list[ArbiterError] = []
         limits = (self.client.settings.batch_groups, self.client.settings.batch_responses)
         for comp in comps:
@@ -141,16 +204,17 @@ class Scorer:
                 for item in items:
                     comp.fail(item, failure.kind, failure.message)
                 continue
-            calls.extend(call(comp, chunk, groups) for chunk in chunks(items, *limits))
-        return calls, failures
+            out.extend(call(comp, chunk, groups) for chunk in chunks(items, *limits))
+        return out, failures
 
-    def _remember(self, writes: list[tuple[str, str]]) -> None:
+    def remember(self, writes: list[tuple[str, str]]) -> None:
+        """New scores, visible to this process's next lookups until ``store`` ran."""
         if len(self._pending) > MAX_PENDING:  # only if background writes never ran
             self._pending.clear()
         self._pending.update(writes)
 
     async def store(self, writes: list[tuple[str, str]]) -> None:
-        """Write new scores to the cache; runs after the response has been sent."""
+        """Write new scores to the cache (settle's last step)."""
         try:
             for i in range(0, len(writes), CHUNK_KEYS):  # the loop runs between round trips
                 await self.cache.set_many(writes[i : i + CHUNK_KEYS])
@@ -158,13 +222,6 @@ class Scorer:
             for key, value in writes:
                 if self._pending.get(key) == value:
                     del self._pending[key]
-
-    async def finish(self, scored: Scored) -> None:
-        """After the response: store new scores, then record the usage (``after``)."""
-        if scored.writes:
-            await self.store(scored.writes)
-        if self.after is not None and scored.counts is not None:
-            await self.after(scored)
 
     async def ready(self) -> dict[str, str]:
         services = ("verify", "embedding", "judge")

@@ -52,6 +52,13 @@ class GatewaySettings(ServiceSettings):
     max_concurrency: int = Field(
         default=64, ge=1, le=4096, description="In-flight calls per component service."
     )
+    team_concurrency: int = Field(
+        default=32,
+        ge=1,
+        le=4096,
+        description="In-flight calls per component service of one team (at most "
+        "max_concurrency): below it, another team's call never waits for a slot.",
+    )
     batch_groups: int = Field(
         default=64, ge=1, le=1024, description="At most this many groups per component call."
     )

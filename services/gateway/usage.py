@@ -1,8 +1,8 @@
 """The usage ledger: what each team used, per UTC day, in Redis.
 
-One hash per team and day (``arb:usage:v1:<day>:<team>``) of counters, incremented with
-one pipelined round trip after each scored request (never for an idempotent replay, which
-was counted the first time):
+One hash per team and day (``arb:usage:v2:team:<day>:<team>``) of counters, incremented
+with one pipelined round trip when a scoring call is settled (``lifecycle.py``; never for
+an idempotent replay, which was counted the first time):
 
 - ``requests``, ``responses``, ``cache_hits``, ``cache_misses`` (component scores),
 - ``judge_prompt_tokens``, ``judge_completion_tokens`` (as the judge reported them),
@@ -10,10 +10,12 @@ was counted the first time):
 - ``errors:<kind>`` (null scores by kind), ``rate_limited`` (requests refused with 429),
   ``idempotent_replays`` (stored responses served again).
 
-A set per day (``arb:usage:v1:<day>:teams``) names the teams that used it, for an admin's
-read of every team. Entries expire after ``GATEWAY_USAGE_RETENTION_DAYS``. A Redis failure
-loses that request's counts (``arbiter_gateway_redis_errors_total{op="usage"}``) and never
-fails the request.
+A set per day (``arb:usage:v2:teams:<day>``) names the teams that used it, for an admin's
+read of every team. Each kind of key has its own namespace, so no team name (a team may
+be called ``teams``) can reach another kind's key. Entries expire after
+``GATEWAY_USAGE_RETENTION_DAYS``. A Redis failure while recording loses that request's
+counts (``arbiter_gateway_redis_errors_total{op="usage"}``, a throttled warning) and never
+fails the request; while reading, it is a 503 that names no Redis command or key.
 """
 
 from __future__ import annotations
@@ -26,13 +28,14 @@ from prometheus_client import Counter
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from arbiter.errors import Unprocessable
-from arbiter.proto.components import ScoreGroup
+from arbiter.errors import Unavailable, Unprocessable
 from arbiter.proto.usage import ComponentUsage, UsageDay, UsageReport
+from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.gateway.cache import REDIS_ERRORS
-from arbiter.services.gateway.plan import ComponentScores
+from arbiter.services.gateway.scoring import Scored
 
 log = logging.getLogger("arbiter.gateway.usage")
+WARNINGS = ThrottledLog(log)  # one line per 10 s during a Redis outage, with a count
 
 TEAM_RESPONSES = Counter(
     "arbiter_gateway_team_responses_total", "Responses scored, by team.", ["team"]
@@ -44,31 +47,30 @@ TEAM_JUDGE_TOKENS = Counter(
 )
 
 MAX_DAYS = 366
-PREFIX = "arb:usage:v1"
+PREFIX = "arb:usage:v2"
 
 
-def tally(
-    comps: list[ComponentScores],
-    groups: list[ScoreGroup],
-    prompt_tokens: int,
-    completion_tokens: int,
-) -> Tally[str]:
-    """One scored request's counters (the ledger's fields)."""
-    n = sum(len(g.responses) for g in groups)
+def tally(scored: Scored, only: list[tuple[int, int]] | None = None) -> Tally[str]:
+    """The ledger's counters of a scored request, or of its responses ``only`` (one compat
+    sample of a group scored together); the judge's tokens go with the whole request."""
+    picked = None if only is None else set(only)
+    n = sum(len(g.responses) for g in scored.groups) if picked is None else len(picked)
     out: Tally[str] = Tally(requests=1, responses=n)
     hits = 0
-    for c in comps:
+    for c in scored.comps:
         out[f"component:{c.name}:responses"] += n
-        if c.hits:
-            out[f"component:{c.name}:cache_hits"] += c.hits
-        hits += c.hits
-        for errors in c.errors:
-            for _, kind, _ in errors:
-                out[f"errors:{kind}"] += 1
+        comp_hits = c.hits if picked is None else len(c.hit_at & picked)
+        if comp_hits:
+            out[f"component:{c.name}:cache_hits"] += comp_hits
+        hits += comp_hits
+        for g, errors in enumerate(c.errors):
+            for j, kind, _ in errors:
+                if picked is None or (g, j) in picked:
+                    out[f"errors:{kind}"] += 1
     out["cache_hits"] = hits
-    out["cache_misses"] = n * len(comps) - hits
-    out["judge_prompt_tokens"] = prompt_tokens
-    out["judge_completion_tokens"] = completion_tokens
+    out["cache_misses"] = n * len(scored.comps) - hits
+    out["judge_prompt_tokens"] = scored.merged.prompt_tokens
+    out["judge_completion_tokens"] = scored.merged.completion_tokens
     return out
 
 
@@ -76,8 +78,12 @@ def today() -> date:
     return datetime.now(UTC).date()
 
 
-def _key(day: date, team: str) -> str:
-    return f"{PREFIX}:{day.isoformat()}:{team}"
+def team_key(day: date, team: str) -> str:
+    return f"{PREFIX}:team:{day.isoformat()}:{team}"
+
+
+def index_key(day: date) -> str:
+    return f"{PREFIX}:teams:{day.isoformat()}"
 
 
 class Ledger:
@@ -92,8 +98,8 @@ class Ledger:
             if tokens := counts.get(f"judge_{kind}_tokens", 0):
                 TEAM_JUDGE_TOKENS.labels(team, kind).inc(tokens)
         day = today()
-        key = _key(day, team)
-        teams = f"{PREFIX}:{day.isoformat()}:teams"
+        key = team_key(day, team)
+        teams = index_key(day)
         try:
             pipe = self.redis.pipeline(transaction=False)
             for field, value in counts.items():
@@ -105,7 +111,7 @@ class Ledger:
             await pipe.execute()
         except (RedisError, OSError, TimeoutError) as exc:
             REDIS_ERRORS.labels("usage").inc()
-            log.warning("usage of team %s not recorded (%s)", team, type(exc).__name__)
+            WARNINGS.warning("add", "usage not recorded (Redis: %s)", type(exc).__name__)
 
     async def report(self, start: date, end: date, teams: list[str] | None) -> UsageReport:
         """Every (day, team) entry in [start, end]; ``teams=None``: every team that used it."""
@@ -116,10 +122,18 @@ class Ledger:
                 f"to: at most {MAX_DAYS} days from `from`", param="to", code="invalid_range"
             )
         days = [start + timedelta(days=i) for i in range((end - start).days + 1)]
+        try:
+            return UsageReport(start=start, end=end, days=await self._read(days, teams))
+        except (RedisError, OSError, TimeoutError) as exc:
+            REDIS_ERRORS.labels("usage").inc()
+            WARNINGS.warning("report", "usage not readable (Redis: %s)", type(exc).__name__)
+            raise Unavailable("the usage ledger cannot be read right now; retry shortly") from None
+
+    async def _read(self, days: list[date], teams: list[str] | None) -> list[UsageDay]:
         if teams is None:
             pipe = self.redis.pipeline(transaction=False)
             for day in days:
-                pipe.smembers(f"{PREFIX}:{day.isoformat()}:teams")
+                pipe.smembers(index_key(day))
             found = await pipe.execute()
             per_day = [sorted(t.decode() for t in members) for members in found]
         else:
@@ -127,12 +141,11 @@ class Ledger:
         pairs = [(day, team) for day, names in zip(days, per_day, strict=True) for team in names]
         pipe = self.redis.pipeline(transaction=False)
         for day, team in pairs:
-            pipe.hgetall(_key(day, team))
+            pipe.hgetall(team_key(day, team))
         rows = await pipe.execute()
-        out = [
+        return [
             _usage_day(day, team, row) for (day, team), row in zip(pairs, rows, strict=True) if row
         ]
-        return UsageReport(start=start, end=end, days=out)
 
 
 def _usage_day(day: date, team: str, row: dict[bytes, bytes]) -> UsageDay:
