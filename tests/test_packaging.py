@@ -1,4 +1,4 @@
-"""What `pip install arbiter` puts into a user's environment.
+"""What `pip install arbiter-rewards` puts into a user's environment.
 
 The repository keeps services/, trainer/ and proto/ at its top level; installed, they
 must live under the one import name ``arbiter`` so that a user's own ``trainer.py`` or
@@ -31,7 +31,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
          "-w", str(out), str(REPO)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
-    (whl,) = out.glob("arbiter-*.whl")
+    (whl,) = out.glob("arbiter_rewards-*.whl")
     return whl
 
 
