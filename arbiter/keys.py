@@ -17,7 +17,6 @@ The file (YAML; ``arbiter keys`` writes it, a person may edit ``teams:`` by hand
         judge_tokens_per_day: 2000000   # null: no limit
         recipes: [gsm8k, gsm8k-dj]      # null: every recipe (named or inline)
         components: null                # null: every component
-        weight: 1                       # share of the gateway's component slots per turn
     keys:
       - {id: 3f9c2a1b7d4e, team: team-a, admin: false, hash: "hmac-sha256:…",
          created: "2026-11-26T09:30:00Z", revoked: null, name: "trainer"}
@@ -66,9 +65,6 @@ class Team(_Model):
     judge_tokens_per_day: int | None = Field(default=None, ge=1)
     recipes: list[str] | None = None
     components: list[str] | None = None
-    weight: int = Field(
-        default=1, ge=1, le=100, description="Share of the gateway's component slots per turn."
-    )
 
 
 class KeyRecord(_Model):

@@ -190,13 +190,24 @@ REDIS_POLICY = "allkeys-lru"
 
 
 def redis_process(
-    port: int, log_path: Path | None = None, maxmemory: str | None = None
+    port: int,
+    log_path: Path | None = None,
+    maxmemory: str | None = None,
+    data_dir: Path | None = None,
 ) -> ManagedProcess:
-    """A real redis-server on 127.0.0.1 only, no persistence, bounded like compose's."""
+    """A real redis-server on 127.0.0.1 only, bounded like compose's. With ``data_dir`` it
+    persists as compose and k8s do: an append-only file there, fsynced every second (the
+    usage ledger, quotas and idempotency keys survive a restart; at most the last second
+    is lost to a crash of the machine, none to a crash of Redis). Without: nothing."""
     maxmemory = maxmemory or os.environ.get("ARBITER_REDIS_MAXMEMORY") or REDIS_MAXMEMORY
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        persistence = ["--dir", str(data_dir), "--appendonly", "yes", "--appendfsync", "everysec"]
+    else:
+        persistence = ["--appendonly", "no"]
     argv = [
         redis_binary(), "--bind", "127.0.0.1", "--port", str(port),
-        "--save", "", "--appendonly", "no", "--protected-mode", "yes",
+        "--save", "", *persistence, "--protected-mode", "yes",
         "--maxmemory", maxmemory, "--maxmemory-policy", REDIS_POLICY,
     ]  # fmt: skip
     return ManagedProcess(name="redis", argv=argv, log_path=log_path, port=port)

@@ -8,7 +8,10 @@ until Ctrl-C or SIGTERM, and stops every child process on the way out.
 While it runs, a child that exits is restarted with back-off and logged
 (``arbiter.supervise.Supervisor``); its children never outlive it, even when it is killed
 with SIGKILL (PDEATHSIG and a watchdog process, ``arbiter.supervise``). Redis is bounded
-as in compose: ``--maxmemory 1gb`` (``ARBITER_REDIS_MAXMEMORY``), ``allkeys-lru``.
+as in compose: ``--maxmemory 1gb`` (``ARBITER_REDIS_MAXMEMORY``), ``allkeys-lru``; it
+persists as in compose, an append-only file fsynced every second (``--appendonly yes
+--appendfsync everysec``) in ``<logs>/redis``, so the usage ledger, quotas and idempotency
+keys survive a restart of Redis or of ``arbiter up``.
 
 Without ``--keys FILE`` the gateway runs without auth (every caller is team
 ``anonymous``); with it, the gateway reads that keys file (``arbiter keys``) and
@@ -46,7 +49,9 @@ def _port_free(port: int) -> bool:
 
 def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
     """The processes to start, in order (each depends only on those before it)."""
-    procs = [redis_process(args.redis_port, log_path=logs / "redis.log")]
+    # The ledger, quotas and idempotency keys survive a restart: AOF, fsync every second.
+    redis = redis_process(args.redis_port, log_path=logs / "redis.log", data_dir=logs / "redis")
+    procs = [redis]
     env: dict[str, dict[str, str]] = {name: {} for name in SERVICES}
     env["gateway"]["REDIS_URL"] = f"redis://127.0.0.1:{args.redis_port}/0"
     if getattr(args, "host", None):  # only the gateway is public; the rest stay on loopback

@@ -69,7 +69,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         app.state.settings = settings
         app.state.scorer = scorer
         app.state.teams = teams
-        app.state.lifecycle = lifecycle = Lifecycle(book, scorer, teams)
+        lifecycle = Lifecycle(book, scorer, teams, settings.team_weights)
+        app.state.lifecycle = lifecycle
         app.state.compat_collector = GroupCollector(
             scorer, settings.compat_window_ms / 1000, settings.compat_max_group
         )

@@ -17,7 +17,9 @@ that does not load (bad YAML, another secret) is logged and the previous keys st
 
 ``arbiter_gateway_team_requests_total{team, route, status}`` counts every ``/v1/*`` answer
 by team (``unauthenticated`` for a 401). No key, whole or in part, is ever logged or a
-label.
+label. With auth on, ``/metrics`` shows series with a ``team`` label only to an admin key
+(Prometheus: ``authorization: {credentials: <admin key>}``); anyone else gets every other
+series, so an open port tells no one which teams exist or what they send.
 """
 
 from __future__ import annotations
@@ -26,10 +28,13 @@ import base64
 import logging
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from fastapi import Request
-from prometheus_client import Counter
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, generate_latest
+from prometheus_client.metrics_core import Metric
+from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from arbiter.errors import Unauthorized
@@ -139,6 +144,10 @@ class AuthMiddleware:
         self.store = store
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/metrics" and not self._admin(scope):
+            response = Response(generate_latest(PUBLIC_METRICS), media_type=CONTENT_TYPE_LATEST)
+            await response(scope, receive, send)
+            return
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             await self.app(scope, receive, send)
             return
@@ -152,13 +161,37 @@ class AuthMiddleware:
                 await response(scope, receive, send)
                 TEAM_REQUESTS.labels(UNAUTHENTICATED, "unmatched", "401").inc()
                 return
-        scope.setdefault("state", {})["principal"] = principal
+        state = scope.setdefault("state", {})
+        state["principal"] = principal
+        if self.store is not None:  # its own body budget (services/common/limits.py)
+            state["team"] = principal.team
         recorder = StatusRecorder(send)
         try:
             await self.app(scope, receive, recorder)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
             TEAM_REQUESTS.labels(principal.team, route, str(recorder.status)).inc()
+
+    def _admin(self, scope: Scope) -> bool:
+        """Auth off, or an admin key: every series of /metrics."""
+        if self.store is None:
+            return True
+        try:
+            return self.store.verify(_authorization(scope)).admin
+        except Unauthorized:
+            return False
+
+
+class _PublicMetrics:
+    """The process's metrics without the families that carry a ``team`` label."""
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in REGISTRY.collect():
+            if not any("team" in sample.labels for sample in metric.samples):
+                yield metric
+
+
+PUBLIC_METRICS = _PublicMetrics()
 
 
 def principal(request: Request) -> Principal:

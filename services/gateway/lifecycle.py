@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter as Tally
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -97,10 +97,17 @@ class Settlement:
 class Lifecycle:
     """Built once at start-up (``app.state.lifecycle``)."""
 
-    def __init__(self, book: RecipeBook, scorer: Scorer, teams: Teams):
+    def __init__(
+        self,
+        book: RecipeBook,
+        scorer: Scorer,
+        teams: Teams,
+        weights: Mapping[str, int] | None = None,
+    ):
         self.book = book
         self.scorer = scorer
         self.teams = teams
+        self.weights = dict(weights or {})  # GATEWAY_TEAM_WEIGHTS: slots per turn
         self._stores: set[asyncio.Task[None]] = set()
 
     async def admit(
@@ -132,7 +139,8 @@ class Lifecycle:
                 await asyncio.shield(idem.release(claim))
             raise
         shared = resolved.ref.cache == "shared" or not self.teams.auth
-        scope = Scope(who.team, None if shared else who.team, weight=who.limits.weight)
+        weight = self.weights.get(who.team, 1)
+        scope = Scope(who.team, None if shared else who.team, weight=weight)
         return Ticket(who, resolved, responses, scope, self._ledger(who), taken, claim)
 
     def _ledger(self, who: Principal) -> str | None:

@@ -69,6 +69,16 @@ BUILTIN_RECIPES: tuple[Recipe, ...] = (
 )
 
 
+MAX_ECHO_CHARS = 64  # of a caller's name quoted back in an error (a 1 MB name is not)
+
+
+def echo(name: str) -> str:
+    """``name`` quoted for an error message, cut to ``MAX_ECHO_CHARS``."""
+    if len(name) <= MAX_ECHO_CHARS:
+        return repr(name)
+    return f"{name[:MAX_ECHO_CHARS]!r}… ({len(name)} characters)"
+
+
 def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
@@ -120,7 +130,7 @@ def resolve(recipe: Recipe, where: str = "recipe") -> ResolvedRecipe:
         spec = COMPONENTS.get(comp.name)
         if spec is None:
             raise Unprocessable(
-                f"{at}.name: unknown component {comp.name!r}; known: {', '.join(COMPONENTS)}",
+                f"{at}.name: unknown component {echo(comp.name)}; known: {', '.join(COMPONENTS)}",
                 param=f"{at}.name",
                 code="unknown_component",
             )
@@ -187,7 +197,7 @@ class RecipeBook:
         found = self._named.get(recipe)
         if found is None:
             raise Unprocessable(
-                f"recipe: unknown recipe {recipe!r}; known: {', '.join(self._named)}",
+                f"recipe: unknown recipe {echo(recipe)}; known: {', '.join(self._named)}",
                 param="recipe",
                 code="unknown_recipe",
             )

@@ -141,7 +141,14 @@ def test_a_bad_keys_file_keeps_the_previous_keys(gateway: Any, keys: Keys) -> No
 def test_team_label_on_metrics_and_no_key_anywhere(gateway: Any, keys: Keys) -> None:
     assert post(gateway.url, _body(), keys.headers("alpha")).status_code == 200
     post(gateway.url, _body(), {"Authorization": f"Bearer {keys.keys['alpha']}x"})  # a 401
-    metrics = httpx.get(f"{gateway.url}/metrics").text
+    # An open /metrics names no team (issue 21: it showed every team's counts); an admin
+    # key (Prometheus scrapes with one) sees the per-team series.
+    public = httpx.get(f"{gateway.url}/metrics").text
+    assert "arbiter_gateway_requests" in public or "arbiter_http_request_seconds" in public
+    assert "team=" not in public
+    as_alpha = httpx.get(f"{gateway.url}/metrics", headers=keys.headers("alpha")).text
+    assert "team=" not in as_alpha  # a team's key is not enough
+    metrics = httpx.get(f"{gateway.url}/metrics", headers=keys.headers("admin")).text
     assert 'arbiter_gateway_team_requests_total{route="/v1/score",status="200",team="alpha"}' in (
         metrics
     )
