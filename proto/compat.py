@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ConfigDict, Field, JsonValue, model_validator
+from pydantic_core import PydanticCustomError
 
 from arbiter.proto.common import ArbiterModel
 from arbiter.proto.components import MAX_RESPONSES, MAX_TEXT_CHARS, Text
@@ -51,14 +52,20 @@ class OpenRLHFRequest(ArbiterModel):
 
     @model_validator(mode="after")
     def _lengths(self) -> OpenRLHFRequest:
-        if len(self.prompts) != len(self.query):
-            raise ValueError(f"prompts has {len(self.prompts)} items, query {len(self.query)}")
-        if self.labels and len(self.labels) != len(self.query):
-            raise ValueError(f"labels has {len(self.labels)} items, query {len(self.query)}")
+        n = len(self.query)
+        if len(self.prompts) != n:
+            raise _mismatch("prompts", f"{len(self.prompts)} items for {n} queries")
+        if self.labels and len(self.labels) != n:
+            raise _mismatch("labels", f"{len(self.labels)} items for {n} queries")
         for i, text in enumerate(self.query):
             if len(text) > MAX_QUERY_CHARS:
-                raise ValueError(f"query[{i}] is longer than {MAX_QUERY_CHARS} characters")
+                raise _mismatch(f"query.{i}", f"longer than {MAX_QUERY_CHARS} characters")
         return self
+
+
+def _mismatch(param: str, message: str) -> PydanticCustomError:
+    """A whole-request check's error that names its field (``ctx.param``)."""
+    return PydanticCustomError("value_error", message, {"param": param})
 
 
 class OpenRLHFResponse(ArbiterModel):

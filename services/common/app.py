@@ -238,6 +238,8 @@ def create_service_app(
             LimitsMiddleware,
             max_body_bytes=settings.max_body_bytes,
             max_buffered_bytes=settings.max_buffered_bytes,
+            max_team_buffered_bytes=settings.team_buffered_bytes(),
+            body_timeout_s=settings.body_timeout_s,
             max_total_chars=settings.max_total_chars,
             env_prefix=str(settings.model_config.get("env_prefix", "")),
         )

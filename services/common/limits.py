@@ -8,7 +8,13 @@ For a request with a body it
    counts the bytes of one sent in chunks, refusing it as soon as the count passes the
    limit (413 ``body_too_large``): a 50 MB body is never held in memory. The bodies of all
    requests in progress together are held to ``<PREFIX>_MAX_BUFFERED_BYTES`` (429
-   ``too_busy``, retryable), so memory stays bounded however many arrive at once;
+   ``too_busy``, retryable), so memory stays bounded however many arrive at once. The
+   bodies of one team (``scope["state"]["team"]``, which the gateway's authentication
+   sets) are held to ``<PREFIX>_MAX_TEAM_BUFFERED_BYTES`` as well, so one team's uploads
+   never turn another team away; and a body must arrive whole within
+   ``<PREFIX>_BODY_TIMEOUT_S`` (408 ``body_timeout``), so a stalled upload gives its bytes
+   back (four stalled 32 MiB uploads of one team held every team out with 429 for as
+   long as their sockets stayed open);
 3. refuses a string holding a lone UTF-16 surrogate (422 ``invalid_unicode``, ``param``
    naming the field): JSON can spell one (``"\\ud800"``), Python's parser accepts it, and
    nothing downstream can encode it. Only a body that contains such an escape is parsed
@@ -22,6 +28,7 @@ is the server's own, so a client's disconnect still reaches the route.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import re
@@ -99,11 +106,16 @@ class LimitsMiddleware:
         max_total_chars: int,
         env_prefix: str,
         max_buffered_bytes: int | None = None,
+        max_team_buffered_bytes: int | None = None,
+        body_timeout_s: float = 30.0,
     ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_buffered_bytes = max_buffered_bytes or 4 * max_body_bytes
+        self.max_team_buffered_bytes = max_team_buffered_bytes or self.max_buffered_bytes // 2
+        self.body_timeout_s = body_timeout_s
         self.buffered = 0  # bytes of the bodies of every request in progress
+        self.team_buffered: dict[str, int] = {}  # the same, per team
         self.limits = RequestLimits(max_total_chars=max_total_chars)
         self.prefix = env_prefix
         self.setting = f"{env_prefix}MAX_BODY_BYTES"
@@ -116,6 +128,32 @@ class LimitsMiddleware:
         )
         err.retry_after = 1.0
         return err
+
+    def _team_too_busy(self, team: str) -> RateLimited:
+        err = RateLimited(
+            f"the bodies of team {team}'s requests in progress already take "
+            f"{self.team_buffered.get(team, 0)} bytes (at most {self.max_team_buffered_bytes}, "
+            f"{self.prefix}MAX_TEAM_BUFFERED_BYTES); retry shortly",
+            code="too_busy",
+        )
+        err.retry_after = 1.0
+        return err
+
+    def _over_budget(self, team: str | None, more: int) -> RateLimited | None:
+        """429 if ``more`` bytes would pass the global or the team's budget."""
+        if self.buffered + more > self.max_buffered_bytes:
+            return self._too_busy()
+        if team is None or self.team_buffered.get(team, 0) + more <= self.max_team_buffered_bytes:
+            return None
+        return self._team_too_busy(team)
+
+    def _too_slow(self) -> BadRequest:
+        return BadRequest(
+            f"the body did not arrive within {self.body_timeout_s:g} s "
+            f"({self.prefix}BODY_TIMEOUT_S); send it at once, or split the request",
+            code="body_timeout",
+            status=408,
+        )
 
     def _too_large(self, size: str) -> PayloadTooLarge:
         return PayloadTooLarge(
@@ -144,28 +182,40 @@ class LimitsMiddleware:
         if length.isdigit() and int(length) > self.max_body_bytes:
             await _refuse(scope, send, self._too_large(length.decode()))
             return
-        if length.isdigit() and self.buffered + int(length) > self.max_buffered_bytes:
-            await _refuse(scope, send, self._too_busy())
+        team = scope.get("state", {}).get("team")
+        busy = self._over_budget(team, int(length)) if length.isdigit() else None
+        if busy is not None:
+            await _refuse(scope, send, busy)
             return
         chunks: list[bytes] = []
-        size = 0  # this body's bytes, all held against the shared budget until it is done
+        size = 0  # this body's bytes, all held against the budgets until it is done
         try:
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":  # the client left while sending
-                    return
-                chunk = message.get("body", b"")
-                if size + len(chunk) > self.max_body_bytes:
-                    await _refuse(scope, send, self._too_large(f"over {self.max_body_bytes}"))
-                    return
-                if self.buffered + len(chunk) > self.max_buffered_bytes:
-                    await _refuse(scope, send, self._too_busy())
-                    return
-                size += len(chunk)
-                self.buffered += len(chunk)
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    break
+            refusal: ArbiterError | None = None
+            try:
+                async with asyncio.timeout(self.body_timeout_s):
+                    while True:
+                        message = await receive()
+                        if message["type"] != "http.request":  # the client left while sending
+                            return
+                        chunk = message.get("body", b"")
+                        if size + len(chunk) > self.max_body_bytes:
+                            refusal = self._too_large(f"over {self.max_body_bytes}")
+                            break
+                        refusal = self._over_budget(team, len(chunk))
+                        if refusal is not None:
+                            break
+                        size += len(chunk)
+                        self.buffered += len(chunk)
+                        if team is not None:
+                            self.team_buffered[team] = self.team_buffered.get(team, 0) + len(chunk)
+                        chunks.append(chunk)
+                        if not message.get("more_body", False):
+                            break
+            except TimeoutError:
+                refusal = self._too_slow()
+            if refusal is not None:
+                await _refuse(scope, send, refusal)
+                return
             body = b"".join(chunks)
             del chunks
             where = lone_surrogate(body)
@@ -175,6 +225,12 @@ class LimitsMiddleware:
             await self._run(scope, receive, send, body)
         finally:
             self.buffered -= size
+            if team is not None and size:
+                left = self.team_buffered.get(team, 0) - size
+                if left > 0:
+                    self.team_buffered[team] = left
+                else:
+                    self.team_buffered.pop(team, None)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send, body: bytes) -> None:
         sent = False

@@ -62,6 +62,21 @@ class ServiceSettings(BaseSettings):
         "max_body_bytes); past it: 429 too_busy, retryable. Bounds memory however many "
         "large bodies arrive at once.",
     )
+    max_team_buffered_bytes: int | None = Field(
+        default=None,
+        ge=1024,
+        description="Most bytes of the bodies of one team's requests in progress (the gateway "
+        "knows the team once it has checked the key; unset = half of max_buffered_bytes, at "
+        "least max_body_bytes); past it: 429 too_busy. One team's uploads never take the "
+        "whole budget.",
+    )
+    body_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="A request's body must arrive whole within this many seconds; past it: "
+        "408 body_timeout (a stalled upload gives back its share of the budgets).",
+    )
     max_total_chars: int = Field(
         default=MAX_TOTAL_CHARS,
         ge=1,
@@ -69,6 +84,12 @@ class ServiceSettings(BaseSettings):
         description="Most characters of all the texts (prompts, references, responses, "
         "inputs) of one request; past it: 422 too_many_chars naming the text.",
     )
+
+    def team_buffered_bytes(self) -> int:
+        """``max_team_buffered_bytes``, or its default: half the budget, at least one body."""
+        if self.max_team_buffered_bytes is not None:
+            return self.max_team_buffered_bytes
+        return max(self.max_body_bytes, self.max_buffered_bytes // 2)
 
     @model_validator(mode="after")
     def _buffered_holds_a_body(self) -> Self:

@@ -112,7 +112,8 @@ def test_openrlhf_wire_format_batch_and_errors(gateway_url: str, gsm8k_dir: Path
     assert r.json()["error"]["param"] == "query.0"
     # lists of different lengths
     r = post(url, {"query": [prompt + good], "prompts": [prompt, prompt], "labels": [label]})
-    assert r.status_code == 422 and "prompts has 2 items" in r.json()["error"]["message"]
+    assert r.status_code == 422 and r.json()["error"]["param"] == "prompts"
+    assert r.json()["error"]["message"] == "prompts: 2 items for 1 queries"
     # an unknown recipe is refused before any collection window
     r = post(f"{gateway_url}/v1/compat/openrlhf/nope", {"query": [good], "prompts": [""]})
     assert r.status_code == 422 and r.json()["error"]["code"] == "unknown_recipe"
