@@ -2,8 +2,9 @@
 
 ``ServiceSettings`` carries the policy every service shares (unknown variables ignored,
 settings frozen once read) and the fields ``arbiter serve`` reads: ``host``, ``port``,
-``log_level``, ``access_log``, ``processes``, and the limits every service enforces
-before any work (``max_body_bytes``, ``max_buffered_bytes``, ``max_total_chars``). Each
+``log_level``, ``access_log``, ``processes``, the limits every service enforces
+before any work (``max_body_bytes``, ``max_buffered_bytes``, ``max_total_chars``) and the
+per-team weights of its fair share (``team_weights``). Each
 service's class sets only its ``env_prefix`` and its own port default - the one place a
 service's port is written down.
 """
@@ -84,6 +85,24 @@ class ServiceSettings(BaseSettings):
         description="Most characters of all the texts (prompts, references, responses, "
         "inputs) of one request; past it: 422 too_many_chars naming the text.",
     )
+
+    team_weights: dict[str, int] = Field(
+        default_factory=dict,
+        description="Fair share across teams (the gateway names the team of each call): "
+        'slots per turn by team name, as JSON, e.g. {"rl-core": 2}; a team not named has '
+        "weight 1. Work waiting in this service is shared round-robin across teams first, "
+        "then across each team's requests.",
+    )
+
+    @model_validator(mode="after")
+    def _weights_in_range(self) -> Self:
+        bad = {team: w for team, w in self.team_weights.items() if not 1 <= w <= 100}
+        if bad:
+            prefix = str(self.model_config.get("env_prefix", "")).upper()
+            raise ValueError(
+                f"{prefix}TEAM_WEIGHTS: weights must be whole numbers from 1 to 100, got {bad}"
+            )
+        return self
 
     def team_buffered_bytes(self) -> int:
         """``max_team_buffered_bytes``, or its default: half the budget, at least one body."""

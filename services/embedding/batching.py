@@ -7,10 +7,14 @@ the rows back: every job gets exactly its own rows, in its own order. A job larg
 a batch is split across batches. While the worker encodes, new texts queue up and form
 the next batch, so a busy service runs back-to-back full batches.
 
-Fair: a batch is filled round-robin, an equal share from every queued job, and a job
-with texts left goes to the back of the line; so a request of 2,048 texts delays one of
-8 texts by at most the batch being encoded, not by all of its own batches. A job whose
-caller went away (its request was cancelled) is dropped from the queue.
+Fair across teams first, then across requests: a batch is filled round-robin, an equal
+share (times the team's weight, ``EMBEDDING_TEAM_WEIGHTS``) from every team with texts
+queued, and inside a team's share an equal share from each of its queued jobs; a team,
+and a job, with texts left goes to the back of its line. So a request of 2,048 texts, or
+one team's 70 requests sent at once, delays another team's request by at most the batch
+being encoded (and the one being prepared), not by all of their own batches. The team
+comes from the gateway's internal header (``common.fairness.team_of``). A job whose caller
+went away (its request was cancelled) is dropped from the queue.
 
 Isolated: when a batch fails (a text the tokenizer refuses, a fault), each of its jobs is
 encoded again on its own, so only the job that fails alone gets the error; when the
@@ -29,7 +33,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -113,13 +117,16 @@ class DynamicBatcher:
         max_batch_texts: int,
         max_wait_ms: float,
         max_queued_texts: int,
+        team_weights: Mapping[str, int] | None = None,
     ):
         self._encode = encode
         self._prepare = prepare
         self.max_batch_texts = max_batch_texts
         self.max_wait = max_wait_ms / 1000.0
         self.max_queued_texts = max_queued_texts
-        self._jobs: deque[_Job] = deque()
+        self._weights = dict(team_weights or {})
+        # team -> its queued jobs; the dict's order is the turn order across teams
+        self._teams: dict[str, deque[_Job]] = {}
         self._queued = 0
         self._wakeup = asyncio.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
@@ -136,10 +143,11 @@ class DynamicBatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for job in self._jobs:
-            if not job.future.done():
-                job.future.set_exception(RuntimeError("embedding service shutting down"))
-        self._jobs.clear()
+        for line in self._teams.values():
+            for job in line:
+                if not job.future.done():
+                    job.future.set_exception(RuntimeError("embedding service shutting down"))
+        self._teams.clear()
         self._worker.shutdown(wait=False, cancel_futures=True)
         if self._prep_worker is not None:
             self._prep_worker.shutdown(wait=False, cancel_futures=True)
@@ -148,30 +156,53 @@ class DynamicBatcher:
     def queued(self) -> int:
         return self._queued
 
-    async def embed(self, texts: list[str]) -> Encoded:
-        """Queue ``texts`` and wait for their rows (in order)."""
+    async def embed(self, texts: list[str], team: str = "") -> Encoded:
+        """Queue ``texts`` (in ``team``'s line) and wait for their rows (in order)."""
         if self._task is None or self._task.done():
             raise RuntimeError("batcher is not running")
         if self._queued + len(texts) > self.max_queued_texts:
             raise QueueFull(f"{self._queued} texts already queued")
         loop = asyncio.get_running_loop()
         job = _Job(texts, loop.create_future(), time.perf_counter(), remaining=len(texts))
-        self._jobs.append(job)
+        line = self._teams.get(team)
+        if line is None:
+            line = self._teams[team] = deque()
+        line.append(job)
         self._queued += len(texts)
         QUEUED.set(self._queued)
         self._wakeup.set()
         return await job.future
 
     def _take(self, batch: _Batch) -> None:
-        """Move queued texts into ``batch`` until it is full or the queue is empty: an equal
-        share from each job in turn; a job with texts left goes to the back of the line."""
-        cap = self.max_batch_texts
-        while self._jobs and len(batch.texts) < cap:
-            in_line = len(self._jobs)
+        """Move queued texts into ``batch`` until it is full or the queue is empty: a share
+        (by weight) from each team in turn; a team with texts left goes to the back."""
+        cap, teams, weights = self.max_batch_texts, self._teams, self._weights
+        while teams and len(batch.texts) < cap:
+            names = list(teams)
+            weight_left = sum(weights.get(n, 1) for n in names) if weights else len(names)
+            for name in names:
+                room = cap - len(batch.texts)
+                if room <= 0:
+                    break
+                weight = weights.get(name, 1) if weights else 1
+                share = max(1, room * weight // weight_left)
+                weight_left -= weight
+                line = teams.pop(name)
+                self._take_jobs(line, len(batch.texts) + share, batch)
+                if line:
+                    teams[name] = line  # back of the line: the other teams go first
+        QUEUED.set(self._queued)
+
+    def _take_jobs(self, line: deque[_Job], cap: int, batch: _Batch) -> None:
+        """Texts of one team's jobs into ``batch`` until it holds ``cap`` or the team has
+        none left: an equal share from each job in turn; a job with texts left goes to
+        the back of the team's line."""
+        while line and len(batch.texts) < cap:
+            in_line = len(line)
             for k in range(in_line):
                 if len(batch.texts) >= cap:
                     break
-                job = self._jobs.popleft()
+                job = line.popleft()
                 left = len(job.texts) - job.next_index
                 if job.future.done():  # the caller went away (cancelled): skip its texts
                     self._queued -= left
@@ -183,15 +214,14 @@ class DynamicBatcher:
                 job.next_index += take
                 self._queued -= take
                 if job.next_index < len(job.texts):
-                    self._jobs.append(job)
-        QUEUED.set(self._queued)
+                    line.append(job)
 
     async def _collect(self) -> _Batch:
-        while not self._jobs:
+        while not self._teams:
             self._wakeup.clear()
             await self._wakeup.wait()
         batch = _Batch()
-        deadline = self._jobs[0].enqueued + self.max_wait
+        deadline = min(line[0].enqueued for line in self._teams.values()) + self.max_wait
         self._take(batch)
         while len(batch.texts) < self.max_batch_texts:
             left = deadline - time.perf_counter()

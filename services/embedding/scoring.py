@@ -112,7 +112,9 @@ class EmbeddingHandler:
         try:
             encoder = await asyncio.to_thread(build)
         except Exception as exc:
-            self.load_error = f"{type(exc).__name__}: {exc}"
+            # Its text may name a path on this machine: callers and the unauthenticated
+            # /readyz get the kind, the log gets the rest.
+            self.load_error = type(exc).__name__
             log.exception("could not load embedding model %r", self.settings.model)
             return
         s = self.settings
@@ -123,6 +125,7 @@ class EmbeddingHandler:
             max_batch_texts=s.max_batch_texts,
             max_wait_ms=s.max_wait_ms,
             max_queued_texts=s.max_queued_texts,
+            team_weights=s.team_weights,
         )
         batcher.start()
         self.encoder, self.batcher = encoder, batcher
@@ -137,9 +140,9 @@ class EmbeddingHandler:
 
     def readiness(self) -> dict[str, str]:
         if self.load_error:
-            return {"model": f"failed to load: {self.load_error}"}
+            return {"model": f"failed to load ({self.load_error}); see the service's log"}
         if self.encoder is None or self.batcher is None:
-            return {"model": f"loading {self.settings.model}"}
+            return {"model": f"loading {self.settings.model_name}"}
         if isinstance(self.encoder, ProcessEncoder) and not self.encoder.alive:
             return {"model": "encoder process exited"}
         return {"model": "ok"}
@@ -155,10 +158,10 @@ class EmbeddingHandler:
             )
         return self.batcher
 
-    async def _embed(self, texts: list[str]) -> Encoded:
+    async def _embed(self, texts: list[str], team: str) -> Encoded:
         batcher = await self._ready_batcher()
         try:
-            return await batcher.embed(texts)
+            return await batcher.embed(texts, team)
         except QueueFull as exc:
             raise RateLimited(f"embedding queue full ({exc}); retry later") from exc
 
@@ -172,14 +175,15 @@ class EmbeddingHandler:
             )
 
     # -- endpoints -------------------------------------------------------------------
-    async def diversity(self, request: DiversityRequest) -> ComponentResponse:
+    async def diversity(self, request: DiversityRequest, team: str = "") -> ComponentResponse:
+        """``team`` (the gateway's internal header): whose fair share of the batches."""
         start = time.perf_counter()
         self._check_size(sum(len(g.responses) for g in request.groups), "groups")
         unique: dict[str, int] = {}
         rows: list[list[int | None]] = []  # per group, per response: row in `unique` or None
         for group in request.groups:
             rows.append([_row(unique, r) for r in group.responses])
-        encoded = await self._embed(list(unique)) if unique else None
+        encoded = await self._embed(list(unique), team) if unique else None
         results = [
             self._group_result(group.id, group_rows, encoded, request.params.normalize)
             for group, group_rows in zip(request.groups, rows, strict=True)
@@ -237,7 +241,7 @@ class EmbeddingHandler:
         )
         return ModelList(data=[card])
 
-    async def embeddings(self, request: EmbeddingRequest) -> EmbeddingResponse:
+    async def embeddings(self, request: EmbeddingRequest, team: str = "") -> EmbeddingResponse:
         if request.model not in (self.settings.model_name, self.settings.model):
             raise NotFound(
                 f"model {request.model!r} is not served here; use {self.settings.model_name!r}",
@@ -246,7 +250,7 @@ class EmbeddingHandler:
             )
         texts = request.input
         self._check_size(len(texts), "input")
-        encoded = await self._embed(texts)
+        encoded = await self._embed(texts, team)
         if request.encoding_format == "base64":
             data = [
                 EmbeddingData(index=i, embedding=to_base64(row))

@@ -111,10 +111,10 @@ class ChatClient:
                 self._models_url, timeout=aiohttp.ClientTimeout(total=wait_s)
             ) as resp:
                 status, raw = resp.status, await resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise Unavailable(f"listing models: {type(exc).__name__}: {exc}") from exc
+        except (TimeoutError, aiohttp.ClientError) as exc:  # its text names host and port
+            raise Unavailable(f"listing models: {type(exc).__name__}") from exc
         if status != 200:
-            raise Unavailable(f"listing models: {from_response(status, raw)}")
+            raise Unavailable(f"listing models: the judge server answered HTTP {status}")
         try:
             data = json.loads(raw).get("data", [])
         except (ValueError, AttributeError) as exc:

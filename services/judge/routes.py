@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 
 from arbiter.proto.components import ComponentResponse
 from arbiter.proto.judge import QualityRequest, VerifierRequest
+from arbiter.services.common.fairness import TeamDep
 from arbiter.services.common.responses import JSONBody
 from arbiter.services.judge.scoring import Judge
 
@@ -24,12 +25,12 @@ JudgeDep = Annotated[Judge, Depends(get_judge)]
 
 
 @router.post("/quality", response_model=ComponentResponse, summary="judge_quality per response")
-async def quality(req: QualityRequest, judge: JudgeDep) -> JSONBody:
+async def quality(req: QualityRequest, judge: JudgeDep, team: TeamDep) -> JSONBody:
     """Rubric rating by the judge model, overall 1..scale mapped to [0, 1]."""
-    return JSONBody(await judge.quality(req))
+    return JSONBody(await judge.quality(req, team))
 
 
 @router.post("/verifier", response_model=ComponentResponse, summary="judge_verifier per response")
-async def verifier(req: VerifierRequest, judge: JudgeDep) -> JSONBody:
+async def verifier(req: VerifierRequest, judge: JudgeDep, team: TeamDep) -> JSONBody:
     """p(Yes) / (p(Yes) + p(No)) of the judge's one-token verdict on each response."""
-    return JSONBody(await judge.verifier(req))
+    return JSONBody(await judge.verifier(req, team))

@@ -4,9 +4,10 @@
 the server takes it) and maps overall 1..scale to [0, 1]. ``judge_verifier`` asks for a
 one-token Yes/No verdict and reads p(Yes) / (p(Yes) + p(No)) from the top log-probs.
 Every item is one chat completion; items run concurrently, at most
-``JUDGE_MAX_CONCURRENCY`` at once, admitted round-robin across requests (a request of
-1,000 items does not hold the next request's items behind all of its own: they wait for
-at most one slot to free per request ahead). An item's deadline, ``JUDGE_TIMEOUT_S``,
+``JUDGE_MAX_CONCURRENCY`` at once, admitted round-robin across teams, then across each
+team's requests (``common.fairness.FairLimiter``): a team that sends 70 requests of 1,000
+items does not hold another team's items behind its own; they wait for at most one slot
+to free per team ahead. An item's deadline, ``JUDGE_TIMEOUT_S``,
 counts from its request's arrival, waiting for a slot included. A failure nulls that item
 with its kind; it never fails the batch. A cancelled request (its client went away)
 leaves the line and cancels its calls in flight.
@@ -87,7 +88,7 @@ class Judge:
     def __init__(self, settings: JudgeSettings, client: ChatClient | None = None):
         self.settings = settings
         self.client = client or ChatClient(settings)
-        self._slots = FairLimiter(settings.max_concurrency)
+        self._slots = FairLimiter(settings.max_concurrency, settings.team_weights)
         self._json_refused = False
         self._probe = _Probe()
 
@@ -214,7 +215,7 @@ class Judge:
     # ----------------------------------------------------------------------- batches
 
     async def _run(
-        self, component: str, groups: list[ScoreGroup], item: Any, *extra: Any
+        self, component: str, team: str, groups: list[ScoreGroup], item: Any, *extra: Any
     ) -> ComponentResponse:
         start = time.perf_counter()
         request = object()  # this request's key in the fair line
@@ -222,7 +223,7 @@ class Judge:
 
         async def fair(g: ScoreGroup, r: str) -> ItemResult:
             try:
-                async with asyncio.timeout_at(deadline), self._slots.slot(request):
+                async with asyncio.timeout_at(deadline), self._slots.slot(request, team):
                     result: ItemResult = await item(g, r, *extra)
                     return result
             except TimeoutError:  # past the item's deadline, waiting for a slot included
@@ -247,11 +248,12 @@ class Judge:
         usage.elapsed_ms = (time.perf_counter() - start) * 1000
         return ComponentResponse(component=component, groups=out, usage=usage)
 
-    async def quality(self, req: QualityRequest) -> ComponentResponse:
-        return await self._run("judge_quality", req.groups, self._quality_item, req.params)
+    async def quality(self, req: QualityRequest, team: str = "") -> ComponentResponse:
+        """``team`` (the gateway's internal header): whose fair share of the slots."""
+        return await self._run("judge_quality", team, req.groups, self._quality_item, req.params)
 
-    async def verifier(self, req: VerifierRequest) -> ComponentResponse:
-        return await self._run("judge_verifier", req.groups, self._verifier_item, req)
+    async def verifier(self, req: VerifierRequest, team: str = "") -> ComponentResponse:
+        return await self._run("judge_verifier", team, req.groups, self._verifier_item, req)
 
     # ----------------------------------------------------------------------- readiness
 
@@ -261,7 +263,10 @@ class Judge:
         try:
             models = await self.client.list_models()
         except Exception as exc:
-            reason = f"unreachable at {s.base_url}: {type(exc).__name__}: {exc}"
+            # /readyz is unauthenticated: say that the judge server is down, not where (the
+            # log has the address and the error; JUDGE_BASE_URL is the setting to check)
+            log.warning("judge server not ready at %s: %s", s.base_url, exc)
+            reason = f"unreachable ({type(exc).__name__}); see the judge's log and JUDGE_BASE_URL"
             return {"judge_server": reason, "model": "not checked", "logprobs": "not checked"}
         checks = {"judge_server": "ok"}
         if s.model and s.model not in models:

@@ -13,9 +13,10 @@ Transport: uvloop makes the parent's socket ends non-blocking, so it uses asynci
 in ``multiprocessing.Connection``'s framing (the worker: blocking ``recv``/``send``); a big
 item costs the time to copy it and at most its deadline, never a worker restart.
 
-Fairness (``queue.FairQueue``): each request has its own queue, charged with the worker
-time its items took (a killed item: its deadline); a chunk takes a share from every
-request queued, the least charged first. A chunk that has run for ``yield_after_s`` while
+Fairness (``queue.FairQueue``): each team, and each request of a team, has its own queue,
+charged with the worker time its items took (a killed item: its deadline); a chunk takes a
+share from every team queued, the least charged first, and a team's share from its
+requests the same way. A chunk that has run for ``yield_after_s`` while
 another request waits gets a "yield" mark: the worker stops after its current item, hands
 back the chunks sent behind it unstarted, and gets nothing new until they are back, so the
 queue decides what runs next. One request's items delay another's by at most the running
@@ -38,6 +39,7 @@ import socket
 import struct
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -124,6 +126,7 @@ class WorkerPool:
         start_method: str = "forkserver",
         yield_after_s: float = 0.05,
         nice: int = 0,
+        team_weights: Mapping[str, int] | None = None,
     ) -> None:
         self.size = size
         self.deadline_s = deadline_s
@@ -134,7 +137,7 @@ class WorkerPool:
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             self._ctx.set_forkserver_preload(["arbiter.services.verify.warmup"])
-        self._queue = FairQueue()
+        self._queue = FairQueue(team_weights)
         self._workers: list[_Worker | None] = [None] * size
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
@@ -258,9 +261,10 @@ class WorkerPool:
 
     # ------------------------------------------------------------------ queue
 
-    def submit(self, items: list[Item]) -> Ticket:
-        """Queue one request's items; ``ticket.done`` resolves once all have results."""
-        ticket = self._queue.submit(items)
+    def submit(self, items: list[Item], team: str = "") -> Ticket:
+        """Queue one request's items (of ``team``: fair share across teams first);
+        ``ticket.done`` resolves once all have results."""
+        ticket = self._queue.submit(items, team)
         self._fill()
         return ticket
 
@@ -369,7 +373,7 @@ class WorkerPool:
         _, first, results, seconds, done = msg
         ITEMS_RUN.inc(len(results))
         for (ticket, pos), result, took in zip(head.jobs[first:], results, seconds, strict=False):
-            ticket.charge += took
+            ticket.add_charge(took)
             ticket.answer(pos, result)
         head.answered = first + len(results)
         if not done:
@@ -393,7 +397,7 @@ class WorkerPool:
             if n == 0 and index >= 0:
                 index = min(index, len(chunk.jobs) - 1)
                 job = chunk.jobs[index]
-                job.ticket.charge += self.deadline_s
+                job.ticket.add_charge(self.deadline_s)
                 job.ticket.answer(job.pos, (ItemResult(None, kind, message), "failed", None))
             jobs.extend(rest)
         w.inflight.clear()

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Depends, Request
 
 from arbiter.proto.components import ComponentResponse
 from arbiter.proto.verify import FormatRequest, MathRequest
+from arbiter.services.common.fairness import TeamDep
 from arbiter.services.common.responses import JSONBody
 from arbiter.services.verify.scoring import Verifier
 
@@ -24,10 +25,10 @@ VerifierDep = Annotated[Verifier, Depends(get_verifier)]
 
 
 @router.post("/math", response_model=ComponentResponse, summary="math_accuracy per response")
-async def math(req: MathRequest, verifier: VerifierDep) -> JSONBody:
+async def math(req: MathRequest, verifier: VerifierDep, team: TeamDep) -> JSONBody:
     """1.0 when the response's final answer equals the reference, 0.0 when not, null + an
     error (timeout, invalid_reference, internal) when it could not be decided."""
-    return JSONBody(await verifier.math(req))
+    return JSONBody(await verifier.math(req, team))
 
 
 @router.post("/format", response_model=ComponentResponse, summary="format per response")

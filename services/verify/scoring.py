@@ -97,6 +97,7 @@ class Verifier:
             max_chunk=settings.max_chunk,
             start_method=settings.start_method,
             nice=settings.worker_nice,
+            team_weights=settings.team_weights,
         )
 
     async def start(self) -> None:
@@ -115,7 +116,9 @@ class Verifier:
 
     # ------------------------------------------------------------------ math_accuracy
 
-    async def math(self, req: MathRequest) -> ComponentResponse:
+    async def math(self, req: MathRequest, team: str = "") -> ComponentResponse:
+        """``team`` (the gateway's internal header): whose fair share of the pool the items
+        take, and whose reference caches they use."""
         start = time.perf_counter()
         n_items = sum(len(g.responses) for g in req.groups)
         if n_items > self.settings.max_items:
@@ -130,9 +133,9 @@ class Verifier:
         golds = [reference_value(group.reference) for group in req.groups]
         for group, gold in zip(req.groups, golds, strict=True):
             if gold is not None:  # else every response: NO_REFERENCE
-                items.extend((response, gold, rel_tol, fast) for response in group.responses)
+                items.extend((response, gold, rel_tol, fast, team) for response in group.responses)
 
-        results = iter(await self._run(items))
+        results = iter(await self._run(items, team))
         # Counted per request, not per item: a metric's inc costs as much as the fast path.
         paths: collections.Counter[str] = collections.Counter()
         outcomes: collections.Counter[float | None] = collections.Counter()
@@ -169,11 +172,11 @@ class Verifier:
             usage=ComponentUsage(items=n_items, elapsed_ms=(time.perf_counter() - start) * 1e3),
         )
 
-    async def _run(self, items: list[Item]) -> list[Scored]:
+    async def _run(self, items: list[Item], team: str) -> list[Scored]:
         """Score items in the pool; never waits past a bound, whatever the pool does."""
         if not items:
             return []
-        ticket = self.pool.submit(items)
+        ticket = self.pool.submit(items, team)
         waves = math.ceil((len(items) + self.pool.queued) / max(1, self.pool.size))
         bound = waves * self.settings.deadline_s * 2 + _REQUEST_SLACK_S
         try:

@@ -7,6 +7,7 @@ its own fixed vector) makes every row checkable and the batch boundaries observa
 from __future__ import annotations
 
 import asyncio
+import time
 import zlib
 
 import numpy as np
@@ -160,6 +161,67 @@ async def test_small_request_not_held_behind_a_large_one() -> None:
     first_with_small = next(i for i, b in enumerate(encoder.batches) if "small 0" in b)
     assert first_with_small <= 1, [len(b) for b in encoder.batches]
     assert all(len(b) <= 64 for b in encoder.batches)
+
+
+class SlowEncoder(RecordingEncoder):
+    """10 ms per encode call (on the encode thread), so a flood takes many batches' time."""
+
+    def __call__(self, texts: list[str]) -> Encoded:
+        time.sleep(0.01)
+        return super().__call__(texts)
+
+
+@pytest.mark.parametrize("prepare", [False, True])
+async def test_another_team_is_in_the_next_batch_whatever_one_team_sent(prepare: bool) -> None:
+    # Team a sends 70 requests of 6 texts at once (one sample per POST, as OpenRLHF and
+    # slime send); team b's 1-text request, sent while a's batches run, is in the next
+    # batch that starts (the one after it, with a prepare step that already holds the
+    # next batch): counted in batches started between b's send and b's own. Shared per
+    # request only, it waited for a share of every one of a's 70 requests first (5
+    # batches of 16 here).
+    encoder = SlowEncoder()
+    if prepare:
+        batcher = DynamicBatcher(encoder, prepare=lambda texts: texts, max_batch_texts=16,
+                                 max_wait_ms=1.0, max_queued_texts=10_000)  # fmt: skip
+        batcher.start()
+    else:
+        batcher = await run_batcher(encoder, max_batch_texts=16, max_wait_ms=1.0)
+    try:
+        flood = [
+            asyncio.ensure_future(batcher.embed([f"a{r} {k}" for k in range(6)], team="a"))
+            for r in range(70)
+        ]
+        for _ in range(2000):  # until a's batches are running
+            if len(encoder.batches) >= 3:
+                break
+            await asyncio.sleep(0.005)
+        started = len(encoder.batches)
+        small = await batcher.embed(["b 0"], team="b")
+        np.testing.assert_array_equal(small.vectors[0], vector_of("b 0"))
+        first_with_b = next(i for i, b in enumerate(encoder.batches) if "b 0" in b)
+        assert first_with_b - started <= (2 if prepare else 1), (first_with_b, started)
+        assert not all(f.done() for f in flood)
+        await asyncio.gather(*flood)
+    finally:
+        await batcher.stop()
+
+
+async def test_weighted_team_gets_its_share_of_each_batch() -> None:
+    # EMBEDDING_TEAM_WEIGHTS={"a": 3}: with both teams queued, a batch of 16 holds 12 of
+    # a's texts and 4 of b's.
+    encoder = RecordingEncoder()
+    batcher = DynamicBatcher(encoder, max_batch_texts=16, max_wait_ms=50.0,
+                             max_queued_texts=1000, team_weights={"a": 3})  # fmt: skip
+    batcher.start()
+    try:
+        await asyncio.gather(
+            batcher.embed([f"a {k}" for k in range(64)], team="a"),
+            batcher.embed([f"b {k}" for k in range(64)], team="b"),
+        )
+    finally:
+        await batcher.stop()
+    first = encoder.batches[0]
+    assert (sum(t[0] == "a" for t in first), sum(t[0] == "b" for t in first)) == (12, 4)
 
 
 async def test_cancelled_request_texts_are_not_encoded() -> None:

@@ -1,10 +1,11 @@
-"""The judge's concurrency slots are shared fairly across requests (stub server: it
-answers after 0.2 s, which the real vLLM cannot be made to do on demand)."""
+"""The judge's concurrency slots are shared fairly across teams, then across requests
+(stub server: it answers after 0.2 s, which the real vLLM cannot be made to do on demand)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from arbiter.proto.components import ScoreGroup
 from arbiter.proto.judge import VerifierParams, VerifierRequest
@@ -48,6 +49,39 @@ async def test_cancelled_request_leaves_the_line(stub_root: str) -> None:
         kept = await judge.verifier(_request(4, "kept"))
         assert time.monotonic() - start < 1.0
         assert None not in kept.groups[0].scores
+        assert judge._slots.held == 0 and judge._slots.waiting == 0
+    finally:
+        await judge.aclose()
+
+
+async def test_another_team_is_served_next_whatever_one_team_sent(stub_root: str) -> None:
+    # Team a sends 70 requests of 6 items at once (one sample per POST, as OpenRLHF and
+    # slime send); team b's 1-item request, sent while they wait for the 2 slots, has its
+    # call started as soon as a slot frees: counted in calls started between b's arrival
+    # and b's own call, at most the 2 slots' worth. Per request alone it waited for 70.
+    judge = Judge(JudgeSettings(base_url=f"{stub_root}/v1", model="count", max_concurrency=2))
+    started: list[str] = []  # the group id of every call, in the order it started
+    chat = judge.client.chat
+
+    async def recording_chat(payload: dict[str, Any], component: str, **kw: Any) -> Any:
+        started.append("b" if "fairness b" in payload["messages"][1]["content"] else "a")
+        return await chat(payload, component, **kw)
+
+    judge.client.chat = recording_chat  # type: ignore[method-assign]  # a spy: calls go on
+    try:
+        flood = [
+            asyncio.create_task(judge.verifier(_request(6, f"a{r}"), team="a")) for r in range(70)
+        ]
+        await asyncio.sleep(0.1)  # a's first calls are running, the rest wait for slots
+        before = len(started)
+        small = await judge.verifier(_request(1, "b"), team="b")
+        assert None not in small.groups[0].scores
+        waited = started.index("b") - before
+        assert waited <= 2, f"b's call started after {waited} of a's"
+        assert sum(t.done() for t in flood) == 0
+        for t in flood:
+            t.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)
         assert judge._slots.held == 0 and judge._slots.waiting == 0
     finally:
         await judge.aclose()

@@ -92,7 +92,11 @@ async def test_down_server_not_ready(down_judge: str) -> None:
         assert (await http.get(f"{down_judge}/healthz")).status_code == 200
         r = await http.get(f"{down_judge}/readyz")
     assert r.status_code == 503
-    assert r.json()["checks"]["judge_server"].startswith("unreachable at http://127.0.0.1:")
+    # which component is down, not where: /readyz is unauthenticated (issue 21)
+    assert r.json()["checks"]["judge_server"].startswith("unreachable (")
+    assert "127.0.0.1" not in r.text and "http://" not in r.text
+    quality, verifier, _ = await _score_both(down_judge)  # nor do the items' errors
+    assert "127.0.0.1" not in str((quality, verifier)), (quality, verifier)
 
 
 async def test_server_ignoring_logprobs(no_logprobs_judge: str) -> None:

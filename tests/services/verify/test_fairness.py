@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
+from arbiter.proto.common import TEAM_HEADER
+from arbiter.services.verify.queue import MIN_SHARE
 from tests.conftest import start_service
 from tests.services.verify.conftest import DEADLINE_S, MARGIN_S, STUCK, metric
 
@@ -59,6 +61,49 @@ async def test_second_client_answered_within_one_deadline(strict_url: str) -> No
         assert not hog.done()  # A is still being served, its items one deadline each
         hog.cancel()
     await _settle(strict_url)
+
+
+@pytest.fixture(scope="module")
+def one_worker_url(log_dir: Path) -> Iterator[str]:
+    """One worker, chunks of MIN_SHARE items, the fast path off: a queue that is mostly
+    waiting (not sent to the worker), where its order decides who runs next."""
+    env = {"VERIFY_WORKERS": "1", "VERIFY_MAX_CHUNK": str(MIN_SHARE), "VERIFY_FAST_PATH": "false"}
+    proc, url = start_service("verify", log_dir, env)
+    yield url
+    proc.stop()
+
+
+async def test_another_team_waits_for_the_running_items_not_for_a_flooding_team(
+    one_worker_url: str,
+) -> None:
+    # Team a sends 70 concurrent requests of 6 slow items (math-verify proves an identity,
+    # tens of ms each): one sample per POST, as OpenRLHF and slime send. Team b's 1-item
+    # request, sent while they run, waits for the chunk running then to be handed back,
+    # not for a's queued items: counted in items the pool ran between b's send and b's
+    # answer. (The queue's order itself is checked exactly in test_queue.py and
+    # test_pool.py; this is the same over HTTP, the team read from the gateway's header.)
+    url = one_worker_url
+    slow = [f"<answer>\\sin^2(x+{i})+\\cos^2(x+{i})</answer>" for i in range(6)]
+    limits = httpx.Limits(max_connections=80)
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+        flood = [
+            asyncio.create_task(
+                client.post("/v1/math", json=_body("1", slow), headers={TEAM_HEADER: "a"})
+            )
+            for _ in range(70)
+        ]
+        for _ in range(600):  # until a's items are running
+            if metric(url, "verify_pool_items_run_total") >= 4:
+                break
+            await asyncio.sleep(0.05)
+        ran0 = metric(url, "verify_pool_items_run_total")
+        r = await client.post("/v1/math", json=_body("2", ["<answer>2</answer>"]),
+                              headers={TEAM_HEADER: "b"})  # fmt: skip
+        ran = metric(url, "verify_pool_items_run_total") - ran0
+        assert r.json()["groups"][0]["scores"] == [1.0]
+        for t in flood:
+            t.cancel()
+    assert ran <= MIN_SHARE, f"b's item waited for {ran} of a's items"
 
 
 async def test_disconnected_client_items_not_run(strict_url: str) -> None:

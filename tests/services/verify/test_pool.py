@@ -24,7 +24,7 @@ DEADLINE_S = 1.5
 
 
 def _quick(n: int) -> list[Item]:
-    return [(f"<answer>{i}</answer>", str(i), 1e-6, False) for i in range(n)]
+    return [(f"<answer>{i}</answer>", str(i), 1e-6, False, "") for i in range(n)]
 
 
 @pytest.fixture
@@ -51,7 +51,7 @@ async def test_deadline_of_an_item_in_the_second_chunk_runs_from_its_start(
 ) -> None:
     n, stuck = 3 * MIN_SHARE, MIN_SHARE + 1  # the second chunk's second item
     items = _quick(n)
-    items[stuck] = (STUCK, "5", 1e-6, False)
+    items[stuck] = (STUCK, "5", 1e-6, False, "")
     start = time.monotonic()
     ticket = pool.submit(items)
     await asyncio.wait_for(ticket.done, 30)
@@ -65,7 +65,7 @@ async def test_deadline_of_an_item_in_the_second_chunk_runs_from_its_start(
 
 
 async def test_worker_killed_with_two_chunks_in_flight_loses_nothing(pool: WorkerPool) -> None:
-    items = [(STUCK, "5", 1e-6, False), *_quick(2 * MIN_SHARE - 1)]
+    items = [(STUCK, "5", 1e-6, False, ""), *_quick(2 * MIN_SHARE - 1)]
     ticket = pool.submit(items)
     worker = pool._workers[0]
     assert worker is not None and len(worker.inflight) == 2
@@ -81,7 +81,7 @@ async def test_worker_killed_with_two_chunks_in_flight_loses_nothing(pool: Worke
 
 async def test_cancel_stops_the_chunk_sent_behind(pool: WorkerPool) -> None:
     # A holds the worker with a stuck item; B's items wait in the chunk sent behind it.
-    a = pool.submit([(STUCK, "5", 1e-6, False), *_quick(MIN_SHARE - 1)])
+    a = pool.submit([(STUCK, "5", 1e-6, False, ""), *_quick(MIN_SHARE - 1)])
     b = pool.submit(_quick(MIN_SHARE))
     worker = pool._workers[0]
     assert worker is not None and len(worker.inflight) == 2
@@ -127,7 +127,8 @@ async def test_yields_only_when_another_request_waits() -> None:
 def _slow(n: int) -> list[Item]:
     # math-verify proves each identity: tens of milliseconds each, more than the pool's
     # 50 ms yield interval over a chunk of 8
-    return [(f"<answer>\\sin^2(x+{i})+\\cos^2(x+{i})</answer>", "1", 1e-6, False) for i in range(n)]
+    text = "<answer>\\sin^2(x+{i})+\\cos^2(x+{i})</answer>"
+    return [(text.format(i=i), "1", 1e-6, False, "") for i in range(n)]
 
 
 async def test_a_request_sent_behind_another_is_not_starved(pool: WorkerPool) -> None:
@@ -152,3 +153,23 @@ async def test_a_worker_dead_before_its_chunk_started_is_not_blamed(pool: Worker
     ticket = pool.submit(_quick(2 * MIN_SHARE))
     await asyncio.wait_for(ticket.done, 30)
     assert [r[0].score for r in ticket.results if r] == [1.0] * 2 * MIN_SHARE
+
+
+async def test_another_teams_item_runs_after_at_most_the_running_items(pool: WorkerPool) -> None:
+    # Team a sends 70 requests of 6 slow items at once (one sample per POST, as OpenRLHF
+    # does); team b's one item, sent while a's run, waits for the chunk running then to be
+    # handed back (50 ms, plus its current item), not for a's queued items. Counted in a's
+    # items answered between b's submit and b's answer; shared per request only, b's item
+    # came after all 420 of a's (10.8 s measured over HTTP, issue 21).
+    a = [pool.submit(_slow(6), "a") for _ in range(70)]
+    await asyncio.sleep(0.3)  # a's items are running
+    answered = lambda: sum(r is not None for t in a for r in t.results)  # noqa: E731
+    before = answered()
+    b = pool.submit(_quick(1), "b")
+    await asyncio.wait_for(b.done, 30)
+    ran = answered() - before
+    assert b.results[0] is not None and b.results[0][0].score == 1.0
+    assert ran <= MIN_SHARE, f"b's item waited for {ran} of a's items"
+    assert answered() < 6 * 70 // 2  # a is far from done: b did not wait for it
+    for t in a:
+        pool.cancel(t)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from arbiter.errors import ItemResult
 from arbiter.services.verify.queue import MIN_SHARE, FairQueue, Job
+from arbiter.services.verify.worker import Item
 
 
-def _items(tag: str, n: int) -> list[tuple[str, str, float, bool]]:
-    return [(f"{tag}{i}", "1", 1e-6, True) for i in range(n)]  # response, gold, tol, fast
+def _items(tag: str, n: int) -> list[Item]:
+    return [(f"{tag}{i}", "1", 1e-6, True, "") for i in range(n)]  # response, gold, tol, fast, team
 
 
 def _tags(chunk: list[Job]) -> str:
@@ -61,3 +62,74 @@ async def test_one_future_per_request_resolves_with_the_last_result() -> None:
     t.answer(0, (ItemResult(0.0), "fast_path", None))  # a late duplicate does not count
     assert [r[0].score for r in t.results if r] == [1.0, 1.0, 1.0]
     assert q.submit([]).done.done()  # nothing to wait for
+
+
+def _teams(chunk: list[Job]) -> str:
+    return "".join(job.ticket.team.name for job in chunk)
+
+
+async def test_another_team_leads_the_next_chunk_whatever_one_team_queued() -> None:
+    # Team a sends 70 requests of 6 items at once (one sample per POST, as OpenRLHF and
+    # slime do); team b's one item, queued after all of them, leads the next chunk. Shared
+    # per request only, b's item came after a's 70 requests: 420 items (issue 21, item 3).
+    q = FairQueue()
+    for _ in range(70):
+        q.submit(_items("a", 6), team="a")
+    served = q.take(16)
+    for job in served:
+        job.ticket.add_charge(0.05)  # a's items took worker time
+    q.submit(_items("b", 1), team="b")
+    assert _tags(q.take(128)) == "b" + "a" * 127
+
+
+async def test_a_team_queued_before_any_chunk_shares_the_first_one() -> None:
+    # b arrives while a's 70 requests are queued and none has run yet: equal charges, a
+    # came first; b's items follow a's share of the chunk (half of it), not a's 420 items.
+    # (The pool hands a running chunk back after 50 ms when others wait, so b waits at
+    # most that, plus the item running then.)
+    q = FairQueue()
+    for _ in range(70):
+        q.submit(_items("a", 6), team="a")
+    q.submit(_items("b", 2), team="b")
+    assert _teams(q.take(128)) == "a" * 64 + "bb" + "a" * 62
+
+
+def _serve(q: FairQueue, takes: int, n: int) -> dict[str, int]:
+    """Take ``takes`` chunks of ``n``, charging one second per item; items taken per team."""
+    count: dict[str, int] = {}
+    for _ in range(takes):
+        for job in q.take(n):
+            job.ticket.add_charge(1.0)
+            count[job.ticket.team.name] = count.get(job.ticket.team.name, 0) + 1
+    return count
+
+
+async def test_weights_share_the_pool_in_proportion() -> None:
+    # VERIFY_TEAM_WEIGHTS={"a": 2}: with both teams always queued, a gets twice b's items.
+    q = FairQueue(weights={"a": 2})
+    q.submit(_items("a", 4000), team="a")
+    q.submit(_items("b", 4000), team="b")
+    count = _serve(q, 60, MIN_SHARE)
+    assert 1.8 <= count["a"] / count["b"] <= 2.2, count
+
+
+async def test_a_team_back_from_idle_does_not_take_the_pool_over() -> None:
+    # a ran alone for a long time (charge 400 s); c joins with a large backlog. c starts
+    # at a's charge, not at 0: they alternate at once instead of c holding the pool for
+    # 400 s of items.
+    q = FairQueue()
+    q.submit(_items("a", 4000), team="a")
+    _serve(q, 50, MIN_SHARE)
+    q.submit(_items("c", 4000), team="c")
+    count = _serve(q, 10, MIN_SHARE)
+    assert count == {"a": 5 * MIN_SHARE, "c": 5 * MIN_SHARE}, count
+
+
+async def test_inside_a_team_its_new_request_leads_its_share() -> None:
+    # The team's own requests are still shared fairly: a's second request leads a's share.
+    q = FairQueue()
+    first = q.submit(_items("a", 100), team="a")
+    q.take(16)
+    first.add_charge(5.0)
+    q.submit(_items("n", 3), team="a")
+    assert _tags(q.take(16)) == "nnn" + "a" * 13

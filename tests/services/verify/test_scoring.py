@@ -10,7 +10,7 @@ from arbiter.proto.verify import FormatParams
 from arbiter.services.verify.extract import answer_blocks, boxed_contents, extract_answer
 from arbiter.services.verify.formatting import check_format, format_score
 from arbiter.services.verify.scoring import score_math_direct
-from arbiter.services.verify.worker import score_item
+from arbiter.services.verify.worker import _gold_number, _parse_gold, score_item, score_response
 from tests.services.verify.cases import FORMAT_CASES, MATH_CASES, NULL_CASES
 
 
@@ -74,3 +74,24 @@ def test_math_verify_own_timeout_is_a_null_timeout() -> None:
     r = score_item("5", "\\boxed{7^{123456789}}", 1e-6, 1, False)
     assert (r.score, r.kind) == (None, "timeout"), r.message
     assert time.perf_counter() - start < 10
+
+
+def test_each_team_has_its_own_reference_cache() -> None:
+    # A parse cache shared by all teams told one team, by the time its items took (23 vs
+    # 33 ms), that another team had just used the same reference (issue 21). Keyed per
+    # team: team b's first use of a reference a used is a miss, parsed anew, as if a had
+    # never sent it; a's own second use is a hit.
+    gold = "\\frac{\\sqrt{2}}{7} + y_{cache}"
+    response = "<answer>\\frac{\\sqrt{2}}{7} + y_{cache}</answer>"
+    caches = (_parse_gold, _gold_number)
+
+    def misses() -> list[int]:
+        return [c.cache_info().misses for c in caches]
+
+    score_response(response, gold, 1e-6, 5, fast=False, team="a")
+    first = misses()
+    score_response(response, gold, 1e-6, 5, fast=False, team="b")
+    assert [m - f for m, f in zip(misses(), first, strict=True)] == [1, 1]
+    again = misses()
+    r = score_response(response, gold, 1e-6, 5, fast=False, team="a")
+    assert misses() == again and r[0].score == 1.0
