@@ -23,6 +23,7 @@ from arbiter.errors import ArbiterError, BadRequest, Unprocessable, from_status,
 from arbiter.proto.common import Health, Readiness
 from arbiter.proto.errors import ErrorResponse
 from arbiter.services.common.disconnect import CancelOnDisconnect
+from arbiter.services.common.echo import clean_envelope
 from arbiter.services.common.limits import LimitsMiddleware, unreadable_body
 from arbiter.services.common.settings import ServiceSettings
 
@@ -73,8 +74,15 @@ DEFAULT_CODES = {
 
 
 def error_response(exc: BaseException) -> JSONResponse:
-    """Any exception as the one envelope (``arbiter.errors.to_envelope``), as a response."""
+    """Any exception as the one envelope (``arbiter.errors.to_envelope``), as a response.
+
+    What it echoes is cleaned (``echo.clean_envelope``: no lone surrogate, no megabytes of
+    input); an exception that is not an ``ArbiterError`` is a bug whose text may name
+    internals (a URL, a path, a Redis command): the caller gets its type, the log the rest."""
     status, body = to_envelope(exc)
+    if not isinstance(exc, ArbiterError):
+        body.error.message = f"internal error ({type(exc).__name__}); the service's log has why"
+    clean_envelope(body)
     if body.error.code is None:
         body.error.code = DEFAULT_CODES.get(status, "bad_request" if status < 500 else "error")
     headers = exc.headers if isinstance(exc, ArbiterError) else None
@@ -206,8 +214,9 @@ def create_service_app(
     async def readyz(request: Request) -> JSONResponse:
         try:
             checks = await ready(request.app)
-        except Exception as exc:  # readiness must answer, never raise
-            checks = {"readiness": f"{type(exc).__name__}: {exc}"}
+        except Exception as exc:  # readiness must answer, never raise; unauthenticated,
+            log.warning("readiness check failed", exc_info=exc)  # so no details: the log
+            checks = {"readiness": f"check failed ({type(exc).__name__})"}
         body = Readiness(ready=all(check_passes(v) for v in checks.values()), checks=checks)
         return JSONResponse(status_code=200 if body.ready else 503, content=body.model_dump())
 

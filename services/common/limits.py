@@ -47,6 +47,7 @@ from arbiter.errors import (
     UnsupportedMediaType,
 )
 from arbiter.proto.limits import REQUEST_LIMITS, RequestLimits
+from arbiter.services.common.echo import clean_envelope
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
@@ -272,7 +273,7 @@ def unreadable_body(cause: BaseException | None) -> BadRequest:
 
 async def _refuse(scope: Scope, send: Send, exc: ArbiterError) -> None:
     """Answer ``exc`` in the one envelope without calling the app."""
-    body = exc.envelope().model_dump_json().encode()
+    body = clean_envelope(exc.envelope()).model_dump_json().encode()
     headers = [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),

@@ -6,6 +6,7 @@ import httpx
 import pytest
 
 from arbiter.proto.errors import ErrorResponse
+from tests.services.common.hostile import MAX_ERROR_BYTES, MB, check_hostile_bodies
 
 CASES = [
     # (method, path, body, status, type, code): a comment per case
@@ -40,3 +41,37 @@ def test_gateway_missing_field_is_named(gateway_url: str) -> None:
     assert r.status_code == 422
     err = ErrorResponse.model_validate_json(r.content).error
     assert err.param == "groups.0.responses"
+
+
+MATH_BODY = {"groups": [{"reference": "4", "responses": ["<answer>4</answer>"]}], "params": {}}
+SCORE_BODY = {"recipe": "gsm8k", "groups": [{"id": "q", "reference": "4", "responses": ["4"]}]}
+
+
+@pytest.mark.parametrize("path", ["/v1/math", "/v1/format"])
+def test_verify_hostile_keys_are_422_and_short(verify_url: str, path: str) -> None:
+    # A lone surrogate in an object key: a 500 before (issue 21, item 7); a 1 MB key:
+    # echoed whole before.
+    check_hostile_bodies(verify_url, path, MATH_BODY, "params")
+
+
+def test_gateway_hostile_keys_are_422_and_short(gateway_url: str) -> None:
+    inline = {"components": [{"name": "format", "weight": 1.0, "params": {}}]}
+    check_hostile_bodies(gateway_url, "/v1/score", {**SCORE_BODY, "recipe": inline}, "recipe")
+
+
+def test_gateway_nemo_gym_hostile_keys_are_422(gateway_url: str) -> None:
+    # NeMo Gym's request carries free-form objects (extra fields allowed): the surrogate
+    # key is refused all the same.
+    body = {"responses_create_params": {"input": "What is 2 + 2?"},
+            "response": {"output": []}, "expected_answer": "4"}  # fmt: skip
+    url = "/v1/compat/nemo-gym/gsm8k/verify"
+    check_hostile_bodies(gateway_url, url, body, "responses_create_params", long_key=False)
+
+
+def test_megabyte_values_are_not_echoed(gateway_url: str) -> None:
+    # A 1 MB recipe name came back in a 1 MB 422 (issue 21, item 8): the answer says what
+    # is wrong in a few hundred bytes.
+    r = httpx.post(f"{gateway_url}/v1/score", json={**SCORE_BODY, "recipe": "r" * MB})
+    assert 400 <= r.status_code < 500, r.text[:300]
+    assert len(r.content) < MAX_ERROR_BYTES, len(r.content)
+    assert ErrorResponse.model_validate_json(r.content).error.message

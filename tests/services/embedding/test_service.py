@@ -13,6 +13,7 @@ import openai
 import pytest
 
 from arbiter.services.embedding.scoring import diversity_scores, normalize_scores
+from tests.services.common.hostile import check_hostile_bodies
 from tests.services.embedding.conftest import MAX_INPUTS
 
 MODEL = "all-MiniLM-L6-v2"
@@ -230,3 +231,18 @@ def test_bad_input_gets_the_envelope(
     assert error["param"] == param, error
     assert error["type"] in ("invalid_request_error", "not_found", "payload_too_large")
     assert error["message"]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "nested"),
+    [
+        ("/v1/diversity", {"groups": [{"responses": ["a", "b"]}], "params": {}}, "params"),
+        ("/v1/embeddings", {"model": "all-MiniLM-L6-v2", "input": ["a"]}, None),
+    ],
+)
+def test_hostile_keys_are_422_and_short(
+    embedding_url: str, path: str, body: dict[str, Any], nested: str | None
+) -> None:
+    # A lone surrogate in an object key: a 500 before (issue 21, item 7); a 1 MB key:
+    # echoed whole before.
+    check_hostile_bodies(embedding_url, path, body, nested)

@@ -20,6 +20,7 @@ from arbiter.proto.judge import QualityParams, QualityRequest, VerifierParams, V
 from arbiter.services.judge.scoring import Judge
 from arbiter.services.judge.settings import JudgeSettings
 from tests.conftest import start_service
+from tests.services.common.hostile import check_hostile_bodies
 from tests.services.judge.conftest import judge_env
 
 GROUP = {"id": "g", "prompt": "What is 6 * 7?", "reference": "42", "responses": ["42", "41"]}
@@ -191,3 +192,10 @@ async def test_structured_output_refused(
         assert [e.kind for e in r.groups[0].errors] == ([kind, kind] if kind else [])
     if score is not None:
         assert res.groups[0].info["judge"][0]["source"] == "overall_text"
+
+
+@pytest.mark.parametrize("path", ["/v1/quality", "/v1/verifier"])
+def test_hostile_keys_are_422_and_short(down_judge: str, path: str) -> None:
+    # Refused before any call to the judge server (down here): a lone surrogate in an
+    # object key was a 500 (issue 21, item 7); a 1 MB key was echoed whole.
+    check_hostile_bodies(down_judge, path, {"groups": [GROUP], "params": {}}, "params")
