@@ -27,6 +27,7 @@ def test_resume_restores_rng_so_the_next_sample_is_the_same(
     opt, sched = build_optimizer(
         model, lr=1e-3, betas=(0.9, 0.99), weight_decay=0.0, warmup_steps=2
     )
+    opt.step()  # no gradients: changes nothing, but the scheduler steps after it as it must
     sched.step()
     torch.manual_seed(123)
     path = checkpoint.save(

@@ -237,7 +237,8 @@ def test_gradient_checkpointing_keeps_generation_and_its_cache(tmp_path: Path) -
     ref, _ = Sampler(plain_model)(ids, mask, params)
     model = load_model(path, torch.device("cpu"), "fp32", trainable=True)
     enable_gradient_checkpointing(model)
-    assert model.training and model.is_gradient_checkpointing
+    assert model.training
+    assert any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
     fallback = Sampler(model)
     fallback.fast = False
     assert torch.equal(Sampler(model)(ids, mask, params)[0], ref)

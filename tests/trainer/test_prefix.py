@@ -9,7 +9,7 @@ import torch
 
 from arbiter.trainer import prefix
 from arbiter.trainer.logprobs import completion_logprobs
-from arbiter.trainer.setup import load_model
+from arbiter.trainer.setup import enable_gradient_checkpointing, load_model
 
 
 @pytest.fixture(autouse=True)
@@ -75,7 +75,7 @@ def test_logprobs_and_gradients_equal_the_plain_forward(
 ) -> None:
     model = load_model(tiny_model, torch.device("cpu"), "fp32", trainable=True)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_gradient_checkpointing(model)
     model.train()
     ids, attn = _batch(**layout)
     n = layout["n"]
