@@ -10,8 +10,11 @@ client (retries with backoff). Each scored group is appended to the output as it
 a group whose request failed is written as ``{"id", "error": {"type", "message"}}``. Run
 again with the same output to resume: ids already scored there are skipped, failed ones
 are tried again. At the end a summary: mean per component, masked responses, errors by
-kind, cache hits. With ``rich`` installed (``pip install '.[cli]'`` in a checkout) a progress bar
-and tables; plain text without it.
+kind, cache hits. Progress shows groups done of the file's total (resumed ones counted),
+the rate and the time left: a bar with ``rich`` installed (``pip install '.[cli]'`` in a
+checkout), a line every few seconds without it. Ctrl-C (SIGINT) or SIGTERM stops cleanly:
+what was scored stays written, the summary and "interrupted: N/M groups scored; run the
+same command to resume" are printed, and the exit status is 130.
 """
 
 from __future__ import annotations
@@ -19,7 +22,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
+import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -219,6 +224,70 @@ async def score_file(
         await asyncio.gather(*(worker() for _ in range(args.concurrency)))
 
 
+INTERRUPTED = 130  # the shell's status for a command stopped by SIGINT
+
+
+async def until_signal(work: Any) -> bool:
+    """Run ``work`` (a coroutine); SIGINT or SIGTERM cancels it. True when interrupted."""
+    loop = asyncio.get_running_loop()
+    task = asyncio.ensure_future(work)
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, task.cancel)
+    try:
+        await task
+        return False
+    except asyncio.CancelledError:
+        if task.cancelled():  # our own signal handler, not a cancellation from outside
+            return True
+        raise
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
+
+
+class PlainProgress:
+    """Without rich: one line on stderr every ``every`` seconds (never when quiet)."""
+
+    def __init__(self, done: int, total: int, quiet: bool, every: float = 5.0) -> None:
+        self.done, self.total, self.quiet, self.every = done, total, quiet, every
+        self.start_done, self.start = done, time.monotonic()
+        self.last = self.start
+
+    def advance(self, n: int) -> None:
+        self.done += n
+        now = time.monotonic()
+        if self.quiet or (now - self.last < self.every and self.done < self.total):
+            return
+        self.last = now
+        rate = (self.done - self.start_done) / max(now - self.start, 1e-9)
+        left = (self.total - self.done) / rate if rate > 0 else float("nan")
+        eta = "?" if left != left else f"{int(left) // 60}:{int(left) % 60:02d}"
+        print(f"scoring groups {self.done:,}/{self.total:,}  {rate:.1f} groups/s  ETA {eta}",
+              file=sys.stderr)  # fmt: skip
+
+
+def _rich_progress(console: Any) -> Any:
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TaskProgressColumn,
+        TextColumn,
+        TimeRemainingColumn,
+    )
+
+    return Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[rate]}"),
+        TimeRemainingColumn(),
+        console=console,
+    )
+
+
 def _console(quiet: bool) -> Any:
     """A rich console on stderr, or None (quiet, or the `cli` extra not installed)."""
     if quiet:
@@ -253,7 +322,7 @@ def cmd_score(args: argparse.Namespace) -> int:
         raise SystemExit(f"arbiter score: --input {args.input}: no such file")
     summary = Summary()
     done = read_done(output, summary)
-    total = count_lines(source) - len(done)
+    total = max(count_lines(source), len(done))  # the file's groups, resumed ones included
     console = _console(args.quiet)
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("a") as out:
@@ -261,15 +330,24 @@ def cmd_score(args: argparse.Namespace) -> int:
             out.write("\n")  # the last run stopped mid-line: start a fresh one
         writer = Writer(out, summary)
         if console is None:
-            asyncio.run(score_file(args, writer, done, lambda n: None))
+            plain = PlainProgress(len(done), total, args.quiet)
+            interrupted = asyncio.run(until_signal(score_file(args, writer, done, plain.advance)))
         else:
-            from rich.progress import Progress
+            with _rich_progress(console) as progress:
+                task = progress.add_task("scoring groups", total=total, completed=len(done),
+                                         rate="")  # fmt: skip
 
-            with Progress(console=console) as progress:
-                task = progress.add_task("scoring groups", total=max(total, 0))
-                advance = lambda n: progress.advance(task, n)  # noqa: E731
-                asyncio.run(score_file(args, writer, done, advance))
+                def advance(n: int) -> None:
+                    progress.advance(task, n)
+                    speed = progress.tasks[task].speed
+                    progress.update(task, rate=f"{speed:.1f} groups/s" if speed else "")
+
+                interrupted = asyncio.run(until_signal(score_file(args, writer, done, advance)))
     _print_summary(summary, console)
+    if interrupted:
+        print(f"interrupted: {summary.groups:,}/{total:,} groups scored; "
+              "run the same command to resume", file=sys.stderr)  # fmt: skip
+        return INTERRUPTED
     return 1 if summary.failed else 0
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +168,34 @@ def test_up_host_binds_only_the_gateway(
     procs = {p.name: p for p in _plan(args, tmp_path)}
     assert procs["gateway"].env.get("GATEWAY_HOST") == gateway_host
     assert "VERIFY_HOST" not in procs["verify"].env  # internal services stay on loopback
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_says_how_far_it_got_and_resume_scores_every_id_once(
+    gateway_url: str, tmp_path: Path, sig: signal.Signals
+) -> None:
+    n = 600
+    src = write(tmp_path / "in.jsonl", [group(i) for i in range(n)])
+    out = tmp_path / "out.jsonl"
+    argv = [sys.executable, "-m", "arbiter.cli", "score", "--recipe", "gsm8k", "--input",
+            str(src), "--output", str(out), "--url", gateway_url]  # fmt: skip
+    # One group per request, one at a time: slow enough to be stopped part way.
+    proc = subprocess.Popen([*argv, "--batch", "1", "--concurrency", "1"],
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    while not out.exists() or out.read_text().count("\n") < 5:
+        assert proc.poll() is None, "finished before it could be interrupted"
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 130
+    assert "Traceback" not in err
+    scored = len(read_valid(out))
+    assert 5 <= scored < n
+    assert f"interrupted: {scored}/{n} groups scored; run the same command to resume" in err
+    # Resume: the rest is scored, every id exactly once, and the progress counts the resumed.
+    done = subprocess.run([*argv, "--batch", "50"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    ids = [r["id"] for r in read_valid(out)]
+    assert sorted(ids) == sorted(f"g{i}" for i in range(n)) and len(ids) == n
+    assert f"{n}/{n}" in done.stderr  # n/total, resumed groups included
+    assert f"{n} ({scored} from an earlier run)" in done.stderr
