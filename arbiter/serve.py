@@ -107,6 +107,9 @@ def serve(
         "log_config": log_config(name, settings.log_level),
         "log_level": settings.log_level,
         "access_log": settings.access_log,
+        # uvicorn's http "auto" protocol, answering a request it cannot parse (a NUL or DEL
+        # byte in a header) with the error envelope instead of plain text
+        "http": "arbiter.services.common.protocol:HTTPProtocol",
     }
     if processes == 1:
         uvicorn.run(**config)

@@ -1,0 +1,72 @@
+"""uvicorn's answer to a request it cannot parse, in the one error envelope.
+
+A request whose head is not valid HTTP/1.1 (a NUL or DEL byte, or another control
+character, in a header name or value; a malformed request line) never reaches the app:
+the server's parser (httptools, or h11 without it) refuses it, and uvicorn answers a
+plain-text ``400 Invalid HTTP request received.`` from its protocol class and closes the
+connection. ``arbiter serve`` runs uvicorn with the protocol classes below instead
+(``uvicorn.Config(http=...)`` takes a class), which answer the same 400 with the envelope,
+``code: "invalid_http"``. What still cannot be answered this way (docs/operations/errors.md):
+bytes that do not start an HTTP request at all, a client that closes mid-head, and uvicorn's
+own 503 past ``--limit-concurrency`` (not set by Arbiter).
+
+``send_400_response`` is the one method overridden; uvicorn has called it for a parser
+error since 0.11 (h11 and httptools alike). ``tests/services/common/test_protocol.py``
+checks the answer on a real server, so an upgrade that changes this fails there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from arbiter.errors import BadRequest
+from arbiter.services.common.echo import clean_envelope
+
+MESSAGE = (
+    "the request is not valid HTTP/1.1: a header name or value holds a byte HTTP does not "
+    "allow (NUL, DEL or another control character), or the request line is malformed"
+)
+BODY = clean_envelope(BadRequest(MESSAGE, code="invalid_http").envelope()).model_dump_json()
+_BODY = BODY.encode()
+_HEADERS = [
+    (b"content-type", b"application/json"),
+    (b"content-length", str(len(_BODY)).encode()),
+    (b"connection", b"close"),
+]
+
+
+class EnvelopeH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol; a request it cannot parse gets the envelope."""
+
+    def send_400_response(self, msg: str) -> None:
+        for event in (
+            h11.Response(status_code=400, headers=_HEADERS, reason=b"Bad Request"),
+            h11.Data(data=_BODY),
+            h11.EndOfMessage(),
+        ):
+            self.transport.write(self.conn.send(event) or b"")
+        self.transport.close()
+
+
+HTTPProtocol: type[asyncio.Protocol] = EnvelopeH11Protocol
+try:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:  # httptools is not installed: uvicorn's "auto" picks h11 too
+    pass
+else:
+
+    class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
+        """uvicorn's httptools protocol; a request it cannot parse gets the envelope."""
+
+        def send_400_response(self, msg: str) -> None:
+            content = [b"HTTP/1.1 400 Bad Request\r\n"]
+            for name, value in [*self.server_state.default_headers, *_HEADERS]:
+                content.extend([name, b": ", value, b"\r\n"])
+            content.extend([b"\r\n", _BODY])
+            self.transport.write(b"".join(content))
+            self.transport.close()
+
+    HTTPProtocol = EnvelopeHttpToolsProtocol
