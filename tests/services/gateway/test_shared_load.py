@@ -108,7 +108,7 @@ def test_a_disconnect_loop_cannot_outspend_the_quota(
     body = {"recipe": "gsm8k", "groups": [{"reference": "1", "responses": slow}]}
     before = _pool_items(strict_verify)
     start = time.monotonic()
-    statuses = []
+    statuses: list[int | str] = []
     for _ in range(10):
         try:
             r = httpx.post(f"{gateway}/v1/score", json=body, headers=h, timeout=0.5)

@@ -1,0 +1,321 @@
+"""Hostile soak of a shared deployment: several teams at once, on a stack with keys, while
+verify and Redis are killed (SIGKILL) and restarted.
+
+Starts Redis (append-only file, as ``arbiter up`` runs it), verify and a gateway with a
+keys file (``arbiter serve``, free ports), then for ``--seconds``:
+
+- ``openrlhf``: an OpenRLHF-style client, 200 concurrent one-sample requests at all times
+  (``/v1/compat/openrlhf/gsm8k``), each with a known answer;
+- ``slow``: uploads bodies a few bytes a second, over and over (cut off: 408);
+- ``leaver``: ``/v1/score`` requests of 40 slow-ish responses abandoned after 0.3 s, on a
+  quota of ``LEAVER_RPM`` responses per minute: it must not cause more work than that;
+- ``normal``: one team's trainer, one group of 8 at a time, with known answers: its p50
+  and p99 are what the others must not spoil.
+
+verify is killed at 25 % of the run and Redis at 60 %, each restarted 3 s later. Every
+score is checked: right, or null with its reason (an error entry, or an error envelope
+for the compat route), never wrong. Per team: answers by status, nulls by reason, wrong
+scores, latency; for the leaver, the responses its quota charged against its limit.
+
+    .venv/bin/python -m bench.soak_teams [--seconds 60] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import statistics
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from arbiter.keys import create
+from arbiter.procs import ManagedProcess, free_port, redis_process, service_process
+
+SECRET = "soak-secret-" + "s" * 40
+LEAVER_RPM = 240
+BODY_TIMEOUT_S = 5
+PROMPT = "<|im_start|>user\nq {n}: what is {a} + {b}?<|im_end|>\n<|im_start|>assistant\n"
+
+
+@dataclass
+class Team:
+    statuses: Counter[str] = field(default_factory=Counter)
+    nulls: Counter[str] = field(default_factory=Counter)  # by reason
+    wrong: list[str] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        lat = sorted(self.latencies)
+        out: dict[str, Any] = {
+            "answers": dict(self.statuses),
+            "nulls_by_reason": dict(self.nulls),
+            "wrong": len(self.wrong),
+            "wrong_examples": self.wrong[:5],
+        }
+        if lat:
+            out["p50_ms"] = round(statistics.median(lat) * 1000, 1)
+            out["p99_ms"] = round(lat[min(len(lat) - 1, int(0.99 * len(lat)))] * 1000, 1)
+        return out
+
+
+def _sum(rng: random.Random) -> tuple[int, int, int]:
+    a, b = rng.randint(1, 10**6), rng.randint(1, 10**6)
+    return a, b, a + b
+
+
+async def openrlhf(url: str, key: str, stop: asyncio.Event, team: Team, seed: int) -> None:
+    """One of 200 concurrent OpenRLHF workers: one sample per POST, over and over."""
+    rng = random.Random(seed)
+    auth = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(timeout=120, headers=auth) as http:
+        while not stop.is_set():
+            a, b, s = _sum(rng)
+            prompt = PROMPT.format(n=rng.getrandbits(32), a=a, b=b)
+            right = rng.random() < 0.5
+            answer = s if right else s + 1
+            response = f"<think>{a} + {b}</think><answer>{answer}</answer><|im_end|>"
+            body = {"query": [prompt + response], "prompts": [prompt], "labels": [str(s)]}
+            start = time.perf_counter()
+            try:
+                r = await http.post(f"{url}/v1/compat/openrlhf/gsm8k", json=body)
+            except httpx.HTTPError as exc:
+                team.statuses[type(exc).__name__] += 1
+                continue
+            team.latencies.append(time.perf_counter() - start)
+            team.statuses[str(r.status_code)] += 1
+            if r.status_code != 200:  # an answer all the same: the envelope says why
+                team.nulls[r.json()["error"].get("code") or "?"] += 1
+                continue
+            got = r.json()["rewards"][0]
+            want = 1.5 if right else 0.5
+            if got != want:
+                team.wrong.append(f"openrlhf {a}+{b}={answer}: {got} != {want}")
+
+
+async def normal(url: str, key: str, stop: asyncio.Event, team: Team) -> None:
+    rng = random.Random(7)
+    auth = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(timeout=120, headers=auth) as http:
+        while not stop.is_set():
+            a, b, s = _sum(rng)
+            nonce = rng.getrandbits(48)
+            responses = [
+                f"<think>{nonce} {j}</think><answer>{s if j % 2 == 0 else s + 1}</answer>"
+                for j in range(8)
+            ]
+            group = {"id": "g", "prompt": f"{nonce}: {a} + {b}", "reference": str(s),
+                     "responses": responses}  # fmt: skip
+            start = time.perf_counter()
+            try:
+                r = await http.post(f"{url}/v1/score", json={"recipe": "gsm8k", "groups": [group]})
+            except httpx.HTTPError as exc:
+                team.statuses[type(exc).__name__] += 1
+                continue
+            team.latencies.append(time.perf_counter() - start)
+            team.statuses[str(r.status_code)] += 1
+            if r.status_code != 200:
+                team.nulls[r.json()["error"].get("code") or "?"] += 1
+                continue
+            check(r.json()["groups"][0], team)
+
+
+def check(got: dict[str, Any], team: Team) -> None:
+    """Right, or null with its error entry and masked; the reward is the weighted sum."""
+    for name, scores in got["components"].items():
+        for j, score in enumerate(scores):
+            if score is None:
+                kinds = [e["kind"] for e in got["errors"] if e["component"] == name
+                         and e["index"] == j]  # fmt: skip
+                team.nulls[kinds[0] if kinds else "unexplained"] += 1
+                if not kinds or not got["masked"][j]:
+                    team.wrong.append(f"{name}/{j}: null without error or mask")
+                continue
+            want = {"math_accuracy": 1.0 if j % 2 == 0 else 0.0, "format": 1.0}[name]
+            if score != want:
+                team.wrong.append(f"{name}/{j}: {score} != {want}")
+    for j, reward in enumerate(got["rewards"]):
+        parts = [got["components"][n][j] for n in ("math_accuracy", "format")]
+        total = None if None in parts else float(parts[0]) + 0.5 * float(parts[1])
+        if reward != total:
+            team.wrong.append(f"reward/{j}: {reward} != {total}")
+
+
+async def leaver(url: str, key: str, stop: asyncio.Event, team: Team) -> None:
+    """Requests of 40 responses that take seconds, abandoned after 0.3 s, on purpose."""
+    rng = random.Random(11)
+    auth = {"Authorization": f"Bearer {key}"}
+    while not stop.is_set():
+        responses = [f"\\boxed{{\\frac{{{rng.randint(1, 999)}}}{{{j + 2}}}}}" for j in range(40)]
+        body = {
+            "recipe": "gsm8k",
+            "groups": [{"reference": "\\frac{1}{2}", "responses": responses}],
+        }
+        async with httpx.AsyncClient(timeout=0.3, headers=auth) as http:
+            try:
+                r = await http.post(f"{url}/v1/score", json=body)
+                team.statuses[str(r.status_code)] += 1
+            except httpx.TimeoutException:
+                team.statuses["left"] += 1
+            except httpx.HTTPError as exc:
+                team.statuses[type(exc).__name__] += 1
+        await asyncio.sleep(0.05)
+
+
+async def slow(url: str, key: str, stop: asyncio.Event, team: Team) -> None:
+    """Bodies sent a few bytes a second: each must be cut off (408) and give its budget back."""
+    port = int(url.rsplit(":", 1)[1])
+    while not stop.is_set():
+        start = time.perf_counter()
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                f"POST /v1/score HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {key}\r\n"
+                "content-type: application/json\r\ncontent-length: 100000\r\n\r\n".encode()
+            )
+            status = None
+            for _ in range(4 * BODY_TIMEOUT_S + 20):
+                writer.write(b" " * 4)
+                await writer.drain()
+                with contextlib.suppress(TimeoutError):
+                    line = await asyncio.wait_for(reader.readline(), 0.25)
+                    status = line.split()[1].decode() if line else "closed"
+                    break
+            team.statuses[status or "no answer"] += 1
+            team.latencies.append(time.perf_counter() - start)
+            writer.close()
+        except (OSError, IndexError) as exc:
+            team.statuses[type(exc).__name__] += 1
+
+
+async def faults(procs: dict[str, ManagedProcess], seconds: float, t0: float,
+                 log: list[dict[str, Any]]) -> None:  # fmt: skip
+    for name, at in (("verify", 0.25), ("redis", 0.6)):
+        await asyncio.sleep(max(0.0, t0 + at * seconds - time.monotonic()))
+        proc = procs[name]
+        assert proc.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.proc.pid, signal.SIGKILL)
+        killed = time.monotonic() - t0
+        await asyncio.sleep(3.0)
+        proc.start()
+        await asyncio.to_thread(proc.wait_ready, 120)
+        log.append({"service": name, "killed_at_s": round(killed, 1),
+                    "ready_at_s": round(time.monotonic() - t0, 1)})  # fmt: skip
+
+
+def start_stack(workdir: Path, keys: Path) -> dict[str, ManagedProcess]:
+    rport, vport, gport = (free_port() for _ in range(3))
+    procs = {
+        "redis": redis_process(rport, workdir / "redis.log", data_dir=workdir / "redis"),
+        "verify": service_process("verify", vport, {"VERIFY_WORKERS": "2"},
+                                  workdir / "verify.log", "/readyz"),
+        "gateway": service_process("gateway", gport, {
+            "GATEWAY_VERIFY_URL": f"http://127.0.0.1:{vport}",
+            "REDIS_URL": f"redis://127.0.0.1:{rport}/0",
+            "GATEWAY_KEYS_FILE": str(keys), "GATEWAY_KEY_SECRET": SECRET,
+            "GATEWAY_ENVIRONMENT": "production",
+            "GATEWAY_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S)}, workdir / "gateway.log"),
+    }  # fmt: skip
+    for proc in procs.values():
+        proc.start()
+        proc.wait_ready(180)
+    return procs
+
+
+def _usage(url: str, admin: str) -> dict[str, dict[str, int]]:
+    r = httpx.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {admin}"}, timeout=30)
+    out: dict[str, dict[str, int]] = {}
+    for day in r.json()["days"]:
+        row = out.setdefault(day["team"], Counter())
+        for k, v in day.items():
+            if isinstance(v, int):
+                row[k] += v
+    return out
+
+
+async def soak(url: str, procs: dict[str, ManagedProcess], keys: dict[str, str],
+               seconds: float) -> dict[str, Any]:  # fmt: skip
+    teams = {name: Team() for name in ("openrlhf", "slow", "leaver", "normal")}
+    stop = asyncio.Event()
+    t0 = time.monotonic()
+    tasks = [asyncio.create_task(openrlhf(url, keys["openrlhf"], stop, teams["openrlhf"], i))
+             for i in range(200)]  # fmt: skip
+    tasks += [
+        asyncio.create_task(slow(url, keys["slow"], stop, teams["slow"])),
+        asyncio.create_task(leaver(url, keys["leaver"], stop, teams["leaver"])),
+        asyncio.create_task(normal(url, keys["normal"], stop, teams["normal"])),
+    ]
+    fault_log: list[dict[str, Any]] = []
+    fault_task = asyncio.create_task(faults(procs, seconds, t0, fault_log))
+    await asyncio.sleep(seconds)
+    await fault_task
+    stop.set()
+    await asyncio.gather(*tasks)
+    elapsed = time.monotonic() - t0
+    used = await asyncio.to_thread(_usage, url, keys["admin"])
+    leave = used.get("leaver", {})
+    charged = leave.get("responses", 0) + leave.get("unanswered_responses", 0)
+    return {
+        "seconds": round(elapsed, 1),
+        "teams": {name: t.summary() for name, t in teams.items()},
+        "leaver_quota": {
+            "responses_per_minute": LEAVER_RPM,
+            "allowed_in_run": round(LEAVER_RPM * (1 + elapsed / 60)),  # a full bucket + refill
+            "charged": charged,
+            "unanswered": leave.get("unanswered", 0),
+        },
+        "ledger": used,
+        "faults": fault_log,
+        "wrong": sum(len(t.wrong) for t in teams.values()),
+        "cpus": os.cpu_count(),
+        "load_avg_end": [round(x, 2) for x in os.getloadavg()],
+        "date": datetime.now(UTC).strftime("%Y-%m-%d"),
+    }
+
+
+def run(seconds: float = 60) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="arbiter-soak-teams-") as tmp:
+        path = Path(tmp) / "keys.yaml"
+        quotas: dict[str, dict[str, object] | None] = {
+            "openrlhf": None, "slow": None, "leaver": {"responses_per_minute": LEAVER_RPM},
+            "normal": None,
+        }  # fmt: skip
+        keys = {
+            name: create(path, name, secret=SECRET, limits=limits)[0]
+            for name, limits in quotas.items()
+        }
+        keys["admin"] = create(path, "ops", secret=SECRET, admin=True)[0]
+        procs = start_stack(Path(tmp), path)
+        try:
+            url = f"http://127.0.0.1:{procs['gateway'].port}"
+            return asyncio.run(soak(url, procs, keys, seconds))
+        finally:
+            for proc in reversed(procs.values()):
+                proc.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    out = run(args.seconds)
+    print(json.dumps({k: v for k, v in out.items() if k != "ledger"}, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
