@@ -10,14 +10,15 @@ keys file (``arbiter serve``, free ports), then for ``--seconds``:
 - ``leaver``: ``/v1/score`` requests of 40 slow-ish responses abandoned after 0.3 s, on a
   quota of ``LEAVER_RPM`` responses per minute: it must not cause more work than that;
 - ``normal``: one team's trainer, one group of 8 at a time, with known answers: its p50
-  and p99 are what the others must not spoil.
+  and p99 are what the others must not spoil. It runs alone first (``--baseline-seconds``,
+  on the same stack): that is the baseline its latency under pressure is compared with.
 
 verify is killed at 25 % of the run and Redis at 60 %, each restarted 3 s later. Every
 score is checked: right, or null with its reason (an error entry, or an error envelope
 for the compat route), never wrong. Per team: answers by status, nulls by reason, wrong
 scores, latency; for the leaver, the responses its quota charged against its limit.
 
-    .venv/bin/python -m bench.soak_teams [--seconds 60] [--json PATH]
+    .venv/bin/python -m bench.soak_teams [--seconds 60] [--baseline-seconds 10] [--json PATH]
 """
 
 from __future__ import annotations
@@ -246,8 +247,14 @@ def _usage(url: str, admin: str) -> dict[str, dict[str, int]]:
 
 
 async def soak(url: str, procs: dict[str, ManagedProcess], keys: dict[str, str],
-               seconds: float) -> dict[str, Any]:  # fmt: skip
+               seconds: float, baseline_s: float) -> dict[str, Any]:  # fmt: skip
     teams = {name: Team() for name in ("openrlhf", "slow", "leaver", "normal")}
+    # The baseline: the normal team alone, on the same stack, just before the others join.
+    alone, stop = Team(), asyncio.Event()
+    baseline = asyncio.create_task(normal(url, keys["normal"], stop, alone))
+    await asyncio.sleep(baseline_s)
+    stop.set()
+    await baseline
     stop = asyncio.Event()
     t0 = time.monotonic()
     tasks = [asyncio.create_task(openrlhf(url, keys["openrlhf"], stop, teams["openrlhf"], i))
@@ -269,6 +276,7 @@ async def soak(url: str, procs: dict[str, ManagedProcess], keys: dict[str, str],
     charged = leave.get("responses", 0) + leave.get("unanswered_responses", 0)
     return {
         "seconds": round(elapsed, 1),
+        "normal_alone": alone.summary(),
         "teams": {name: t.summary() for name, t in teams.items()},
         "leaver_quota": {
             "responses_per_minute": LEAVER_RPM,
@@ -285,7 +293,7 @@ async def soak(url: str, procs: dict[str, ManagedProcess], keys: dict[str, str],
     }
 
 
-def run(seconds: float = 60) -> dict[str, Any]:
+def run(seconds: float = 60, baseline_s: float = 10) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="arbiter-soak-teams-") as tmp:
         path = Path(tmp) / "keys.yaml"
         quotas: dict[str, dict[str, object] | None] = {
@@ -300,7 +308,7 @@ def run(seconds: float = 60) -> dict[str, Any]:
         procs = start_stack(Path(tmp), path)
         try:
             url = f"http://127.0.0.1:{procs['gateway'].port}"
-            return asyncio.run(soak(url, procs, keys, seconds))
+            return asyncio.run(soak(url, procs, keys, seconds, baseline_s))
         finally:
             for proc in reversed(procs.values()):
                 proc.stop()
@@ -309,9 +317,10 @@ def run(seconds: float = 60) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--baseline-seconds", type=float, default=10)
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    out = run(args.seconds)
+    out = run(args.seconds, args.baseline_seconds)
     print(json.dumps({k: v for k, v in out.items() if k != "ledger"}, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")

@@ -10,7 +10,7 @@ from bench.soak_teams import run
 
 
 def test_teams_under_pressure_get_answers_and_no_wrong_score() -> None:
-    out = run(seconds=40)
+    out = run(seconds=40, baseline_s=3)
     teams = out["teams"]
     assert out["wrong"] == 0, {k: t["wrong_examples"] for k, t in teams.items()}
     # every request of the well-behaved teams is answered: scores, or an envelope saying
