@@ -64,7 +64,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cache = build_cache(settings)
         client = ComponentClient(settings)
-        scorer = Scorer(cache, client, enabled=settings.cache_enabled)
+        scorer = Scorer(cache, client)
         teams = Teams(settings, keys)
         app.state.settings = settings
         app.state.scorer = scorer

@@ -36,9 +36,7 @@ def group_errors(scored: Scored, g: int) -> list[dict[str, Any]]:
 
 def render(scored: Scored) -> bytes:
     out_groups = []
-    responses = 0
     for g, group in enumerate(scored.groups):
-        responses += len(group.responses)
         rewards = scored.rewards[g]
         errors = group_errors(scored, g)
         for e in errors:
@@ -53,14 +51,6 @@ def render(scored: Scored) -> bytes:
                 "info": {c.name: c.info[g] for c in scored.comps if c.info[g]},
             }
         )
-    hits = sum(c.hits for c in scored.comps)
-    usage = {
-        "responses": responses,
-        "cache_hits": hits,
-        "cache_misses": responses * len(scored.comps) - hits,
-        "judge_prompt_tokens": scored.merged.prompt_tokens,
-        "judge_completion_tokens": scored.merged.completion_tokens,
-        "elapsed_ms": round(scored.elapsed_s * 1000, 3),
-    }
+    usage = {**scored.totals(), "elapsed_ms": round(scored.elapsed_s * 1000, 3)}
     doc = {"recipe": scored.recipe.ref_json, "groups": out_groups, "usage": usage}
     return json.dumps(doc, separators=(",", ":")).encode()

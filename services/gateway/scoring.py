@@ -113,6 +113,18 @@ class Scored:
     def writes(self) -> list[tuple[str, str]]:
         return self.merged.writes
 
+    def totals(self) -> dict[str, int]:
+        """The request's usage counts: the answer's ``usage`` and the ledger's, both."""
+        responses = sum(len(g.responses) for g in self.groups)
+        hits = sum(c.hits for c in self.comps)
+        return {
+            "responses": responses,
+            "cache_hits": hits,
+            "cache_misses": responses * len(self.comps) - hits,
+            "judge_prompt_tokens": self.merged.prompt_tokens,
+            "judge_completion_tokens": self.merged.completion_tokens,
+        }
+
     @property
     def failures(self) -> list[ArbiterError]:
         return self.merged.failures
@@ -125,10 +137,11 @@ def _positions(c: Call) -> list[tuple[int, int]]:
 class Scorer:
     """Built once at start-up (``app.state.scorer``); one ``score`` per scoring call."""
 
-    def __init__(self, cache: Cache, client: ComponentClient, enabled: bool):
+    def __init__(self, cache: Cache, client: ComponentClient):
         self.cache = cache
         self.client = client
-        self.cache_enabled = enabled
+        # GATEWAY_CACHE_ENABLED=false is a NullCache (app.build_cache): the one decision
+        self.cache_enabled = cache.kind != "off"
         # Scores answered but not yet in Redis (the store runs beside the answer): served
         # from here so this process always sees its own writes.
         self._pending: dict[str, str] = {}

@@ -51,27 +51,28 @@ PREFIX = "arb:usage:v2"
 
 
 def tally(scored: Scored, only: list[tuple[int, int]] | None = None) -> Tally[str]:
-    """The ledger's counters of a scored request, or of its responses ``only`` (one compat
-    sample of a group scored together); the judge's tokens go with the whole request."""
+    """The ledger's counters of a scored request (its ``Scored.totals``, per component and
+    per error kind), or of its responses ``only`` (one compat sample of a group scored
+    together); the judge's tokens go with the whole request."""
+    out: Tally[str] = Tally(requests=1)
+    out.update(scored.totals())
     picked = None if only is None else set(only)
-    n = sum(len(g.responses) for g in scored.groups) if picked is None else len(picked)
-    out: Tally[str] = Tally(requests=1, responses=n)
-    hits = 0
+    n = out["responses"] if picked is None else len(picked)
+    if picked is not None:
+        hits = sum(len(c.hit_at & picked) for c in scored.comps)
+        out["responses"] = n
+        out["cache_hits"] = hits
+        out["cache_misses"] = n * len(scored.comps) - hits
     for c in scored.comps:
         out[f"component:{c.name}:responses"] += n
         comp_hits = c.hits if picked is None else len(c.hit_at & picked)
         if comp_hits:
             out[f"component:{c.name}:cache_hits"] += comp_hits
-        hits += comp_hits
         for g, errors in enumerate(c.errors):
             for j, kind, _ in errors:
                 if picked is None or (g, j) in picked:
                     out[f"errors:{kind}"] += 1
-    out["cache_hits"] = hits
-    out["cache_misses"] = n * len(scored.comps) - hits
-    out["judge_prompt_tokens"] = scored.merged.prompt_tokens
-    out["judge_completion_tokens"] = scored.merged.completion_tokens
-    return out
+    return +out  # zero counts dropped
 
 
 def today() -> date:

@@ -23,6 +23,7 @@ from arbiter.services.gateway.plan import ComponentScores, plan
 from arbiter.services.gateway.recipes import ResolvedRecipe, resolve
 from arbiter.services.gateway.render import render
 from arbiter.services.gateway.scoring import Scored
+from arbiter.services.gateway.usage import tally
 
 
 def recipe(*comps: tuple[str, float]) -> ResolvedRecipe:
@@ -327,3 +328,31 @@ def test_render_is_the_score_response(
     assert (out.usage.judge_prompt_tokens, out.usage.judge_completion_tokens) == (3, 4)
     assert out.usage.elapsed_ms == 12.3
     assert out.recipe.fingerprint == MATH_FORMAT.ref.fingerprint
+
+
+# --- the ledger's counters --------------------------------------------------------------
+
+TALLY_CASES = [
+    # the whole request: its totals, per component, per error kind
+    (None, {"requests": 1, "responses": 2, "cache_hits": 1, "cache_misses": 3,
+            "component:math_accuracy:responses": 2, "component:format:responses": 2,
+            "component:math_accuracy:cache_hits": 1, "errors:timeout": 2,
+            "judge_prompt_tokens": 3, "judge_completion_tokens": 4}),
+    # one compat sample of the group: its own share
+    ([(0, 1)], {"requests": 1, "responses": 1, "cache_misses": 2,
+                "component:math_accuracy:responses": 1, "component:format:responses": 1,
+                "errors:timeout": 2, "judge_prompt_tokens": 3, "judge_completion_tokens": 4}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("only", "want"), TALLY_CASES)
+def test_tally_counts_what_the_ledger_records(
+    only: list[tuple[int, int]] | None, want: dict[str, int]
+) -> None:
+    groups = [group("a", "b")]
+    comps = plan(MATH_FORMAT, groups)
+    comps[0].scores, comps[1].scores = [[1.0, None]], [[1.0, None]]
+    comps[0].hits, comps[0].hit_at = 1, {(0, 0)}  # math of response 0 came from the cache
+    comps[0].errors[0].append((1, "timeout", "slow"))
+    comps[1].errors[0].append((1, "timeout", "slow"))
+    assert dict(tally(_scored(comps, groups), only)) == want
