@@ -26,8 +26,12 @@ from arbiter.services.common.disconnect import CancelOnDisconnect
 from arbiter.services.common.echo import clean_envelope
 from arbiter.services.common.limits import LimitsMiddleware, unreadable_body
 from arbiter.services.common.settings import ServiceSettings
+from arbiter.services.common.throttle import ThrottledLog
 
 log = logging.getLogger("arbiter")
+# A bug hit by every request, or a readiness check failing at every probe: one line (with
+# its traceback) per kind per 10 s, with a count, not one per request.
+THROTTLED = ThrottledLog(log)
 
 REQUEST_SECONDS = Histogram(
     "arbiter_http_request_seconds",
@@ -156,7 +160,7 @@ async def _http_handler(_: Request, exc: Exception) -> JSONResponse:
 
 async def _error_handler(_: Request, exc: Exception) -> JSONResponse:
     if not isinstance(exc, ArbiterError):
-        log.exception("unhandled error", exc_info=exc)
+        THROTTLED.error(("unhandled", type(exc).__name__), "unhandled error", exc_info=exc)
     return error_response(exc)
 
 
@@ -215,7 +219,9 @@ def create_service_app(
         try:
             checks = await ready(request.app)
         except Exception as exc:  # readiness must answer, never raise; unauthenticated,
-            log.warning("readiness check failed", exc_info=exc)  # so no details: the log
+            THROTTLED.warning(  # so no details here: the log has them
+                ("readiness", type(exc).__name__), "readiness check failed", exc_info=exc
+            )
             checks = {"readiness": f"check failed ({type(exc).__name__})"}
         body = Readiness(ready=all(check_passes(v) for v in checks.values()), checks=checks)
         return JSONResponse(status_code=200 if body.ready else 503, content=body.model_dump())

@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+ExcInfo = BaseException | None
+
 
 @dataclass
 class _Window:
@@ -46,10 +48,18 @@ class ThrottledLog:
         self.max_keys = max_keys  # a key per component and kind: a few; bounded anyway
         self._windows: dict[Hashable, _Window] = {}
 
-    def warning(self, key: Hashable, msg: str, *args: object) -> None:
-        self.log(logging.WARNING, key, msg, *args)
+    def warning(self, key: Hashable, msg: str, *args: object, exc_info: ExcInfo = None) -> None:
+        self.log(logging.WARNING, key, msg, *args, exc_info=exc_info)
 
-    def log(self, level: int, key: Hashable, msg: str, *args: object) -> None:
+    def error(self, key: Hashable, msg: str, *args: object, exc_info: ExcInfo = None) -> None:
+        self.log(logging.ERROR, key, msg, *args, exc_info=exc_info)
+
+    def log(
+        self, level: int, key: Hashable, msg: str, *args: object, exc_info: ExcInfo = None
+    ) -> None:
+        """Log at ``level`` unless ``key`` was logged within the interval. ``exc_info``
+        (an exception) goes with the line that is logged: a traceback per window, not per
+        repeat."""
         if not self.logger.isEnabledFor(level):
             return
         now = self.clock()
@@ -65,7 +75,7 @@ class ThrottledLog:
         self._windows[key] = _Window(start=now)
         if held:
             msg = f"{msg} ({held} similar suppressed in the last {self.interval_s:g} s)"
-        self.logger.log(level, msg, *args)
+        self.logger.log(level, msg, *args, exc_info=exc_info)
 
     def _schedule_flush(self, level: int, key: Hashable, window: _Window) -> None:
         if window.flush_scheduled:

@@ -42,9 +42,12 @@ import numpy as np
 from prometheus_client import Counter, Gauge, Histogram
 
 from arbiter.errors import Unprocessable
+from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.embedding.encoder import Encoded
 
 log = logging.getLogger("arbiter.embedding")
+# A broken model fails every batch alike: one line (and traceback) per kind per 10 s.
+FAILURES_LOG = ThrottledLog(log)
 
 BATCH_TEXTS = Histogram(
     "arbiter_embedding_batch_texts",
@@ -290,10 +293,14 @@ class DynamicBatcher:
         that fails alone gets an error (a 422 when others in the batch succeeded)."""
         jobs = list({id(job): job for job, *_ in batch.parts}.values())
         if len(jobs) == 1:
-            log.error("encode failed for a batch of %d texts", len(batch.texts), exc_info=exc)
+            FAILURES_LOG.error(
+                "batch", "encode failed for a batch of %d texts", len(batch.texts), exc_info=exc
+            )
             self._set_error(jobs[0], exc)
             return
-        log.warning("encode failed for a batch of %d requests; encoding each alone", len(jobs))
+        FAILURES_LOG.warning(
+            "isolate", "encode failed for a batch of %d requests; encoding each alone", len(jobs)
+        )
         failed: list[tuple[_Job, Exception]] = []
         for job in jobs:
             if job.future.done():
@@ -309,7 +316,9 @@ class DynamicBatcher:
                 failed.append((job, exc_alone))
         ISOLATED.inc(len(failed))
         for job, cause in failed:
-            log.error("encode failed for one request's %d texts", len(job.texts), exc_info=cause)
+            FAILURES_LOG.error(
+                "alone", "encode failed for one request's %d texts", len(job.texts), exc_info=cause
+            )
             if len(failed) < len(jobs):  # the others went through: this input is the cause
                 self._set_error(job, Unprocessable(
                     f"input could not be embedded ({type(cause).__name__}: {cause})",

@@ -32,6 +32,7 @@ from arbiter.proto.components import ComponentGroupResult, ComponentResponse, Sc
 from arbiter.proto.components import ComponentUsage as Usage
 from arbiter.proto.judge import QUALITY_DIMENSIONS, QualityParams, QualityRequest, VerifierRequest
 from arbiter.services.common.fairness import FairLimiter
+from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.judge.client import ChatClient
 from arbiter.services.judge.parsing import (
     JudgeReplyError,
@@ -44,6 +45,7 @@ from arbiter.services.judge.parsing import (
 from arbiter.services.judge.settings import JudgeSettings
 
 log = logging.getLogger("arbiter.judge")
+READY_LOG = ThrottledLog(log)  # probes come every few seconds: one line per 10 s when down
 
 ITEMS = Counter(
     "arbiter_judge_items_total", "Scored items by component and outcome.", ["component", "outcome"]
@@ -265,7 +267,7 @@ class Judge:
         except Exception as exc:
             # /readyz is unauthenticated: say that the judge server is down, not where (the
             # log has the address and the error; JUDGE_BASE_URL is the setting to check)
-            log.warning("judge server not ready at %s: %s", s.base_url, exc)
+            READY_LOG.warning("down", "judge server not ready at %s: %s", s.base_url, exc)
             reason = f"unreachable ({type(exc).__name__}); see the judge's log and JUDGE_BASE_URL"
             return {"judge_server": reason, "model": "not checked", "logprobs": "not checked"}
         checks = {"judge_server": "ok"}

@@ -49,10 +49,12 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from arbiter.errors import ItemResult
 from arbiter.proto.errors import ErrorKind
+from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.verify.queue import FairQueue, Job, Ticket
 from arbiter.services.verify.worker import CHUNK, RUNNING, STARTED, YIELD, Item, worker_main
 
 log = logging.getLogger("arbiter.verify.pool")
+FAILURES_LOG = ThrottledLog(log)  # one line per 10 s while workers cannot start
 
 WORKER_RESTARTS = Counter(
     "verify_worker_restarts_total", "Pool workers replaced, by reason.", ["reason"]
@@ -255,8 +257,8 @@ class WorkerPool:
             try:
                 await self._start_worker(slot)
                 return
-            except Exception:
-                log.exception("could not start a verify worker; retrying in 1 s")
+            except Exception as exc:
+                FAILURES_LOG.error("start", "could not start a verify worker", exc_info=exc)
                 await asyncio.sleep(1.0)
 
     # ------------------------------------------------------------------ queue

@@ -25,6 +25,7 @@ from arbiter.proto.components import (
 )
 from arbiter.proto.errors import ItemError
 from arbiter.proto.verify import FormatRequest, MathRequest
+from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.verify.extract import reference_value
 from arbiter.services.verify.formatting import format_score
 from arbiter.services.verify.pool import WorkerPool
@@ -32,6 +33,7 @@ from arbiter.services.verify.settings import VerifySettings
 from arbiter.services.verify.worker import Item, Scored, score_response
 
 log = logging.getLogger("arbiter.verify")
+LATE_LOG = ThrottledLog(log)  # an overloaded pool fails every request alike: one line per 10 s
 
 ITEMS = Counter(
     "verify_items_total", "Items scored, by component and outcome.", ["component", "outcome"]
@@ -186,7 +188,7 @@ class Verifier:
             raise
         if not ticket.done.done():
             self.pool.cancel(ticket)
-            log.error("%d math items still queued after %.0f s", ticket.left, bound)
+            LATE_LOG.error("late", "%d math items still queued after %.0f s", ticket.left, bound)
         return [POOL_LATE if r is None else r for r in ticket.results]
 
     # ------------------------------------------------------------------ format

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 import httpx
 import pytest
+from fastapi import APIRouter, FastAPI
+from fastapi.testclient import TestClient
 
 from arbiter.proto.errors import ErrorResponse
+from arbiter.services.common.app import create_service_app
 from tests.services.common.hostile import MAX_ERROR_BYTES, MB, check_hostile_bodies
 
 CASES = [
@@ -75,3 +82,37 @@ def test_megabyte_values_are_not_echoed(gateway_url: str) -> None:
     assert 400 <= r.status_code < 500, r.text[:300]
     assert len(r.content) < MAX_ERROR_BYTES, len(r.content)
     assert ErrorResponse.model_validate_json(r.content).error.message
+
+
+def test_a_bug_answers_its_type_only_and_logs_once(caplog: pytest.LogCaptureFixture) -> None:
+    # A route that raises: a bug cannot be caused on demand in a real service, so a tiny
+    # app built by the same factory stands in. The exception's text names internals (a
+    # Redis address and command); the caller gets its type, the log gets one line per
+    # 10 s however many requests hit it.
+    router = APIRouter()
+
+    @router.post("/v1/boom")
+    async def boom() -> None:
+        raise RuntimeError("HINCRBY usage:teams at redis://10.0.0.7:6379 failed")
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+
+    async def ready(_: FastAPI) -> dict[str, str]:
+        raise ConnectionError("redis://10.0.0.7:6379 refused")
+
+    app = create_service_app(service="t", title="t", router=router, lifespan=lifespan,
+                             ready=ready)  # fmt: skip
+    with (
+        caplog.at_level(logging.ERROR, logger="arbiter"),
+        TestClient(app, raise_server_exceptions=False) as client,
+    ):
+        answers = [client.post("/v1/boom", json={}) for _ in range(20)]
+        readiness = client.get("/readyz")
+    for r in answers:
+        assert r.status_code == 500
+        err = ErrorResponse.model_validate_json(r.content).error
+        assert "RuntimeError" in err.message and "redis" not in err.message.lower()
+    assert readiness.status_code == 503 and "10.0.0.7" not in readiness.text
+    assert [r.getMessage() for r in caplog.records].count("unhandled error") == 1

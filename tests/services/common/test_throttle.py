@@ -58,3 +58,18 @@ def test_a_quiet_end_still_reports_the_count(caplog: pytest.LogCaptureFixture) -
         "call failed: 0",
         "call failed: 49 (49 similar suppressed in the last 0.2 s)",
     ]
+
+
+def test_the_logged_line_carries_the_traceback_repeats_do_not(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    clock = Clock()
+    logger = logging.getLogger("test.throttle.exc")
+    throttled = ThrottledLog(logger, interval_s=10.0, clock=clock)
+    with caplog.at_level(logging.WARNING, logger=logger.name):
+        for i in range(50):  # a bug hit by every request
+            clock.now = i * 0.1
+            throttled.error("bug", "unhandled error", exc_info=RuntimeError(f"boom {i}"))
+    assert _messages(caplog) == ["unhandled error"]
+    exc_info = caplog.records[0].exc_info
+    assert exc_info is not None and str(exc_info[1]) == "boom 0"

@@ -7,6 +7,7 @@ its own fixed vector) makes every row checkable and the batch boundaries observa
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import zlib
 
@@ -314,3 +315,24 @@ async def test_prepare_failure_reaches_its_callers_and_the_batcher_survives() ->
         np.testing.assert_array_equal(again.vectors[0], vector_of("c"))
     finally:
         await batcher.stop()
+
+
+async def test_a_broken_model_logs_once_per_interval_not_per_batch(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A stand-in for a model broken for good (a fault not caused on demand otherwise):
+    # every batch fails alike, and the log gets at most one line per kind per 10 s.
+    def broken(texts: list[str]) -> Encoded:
+        raise RuntimeError("CUDA error: device-side assert")
+
+    batcher = DynamicBatcher(broken, max_batch_texts=64, max_wait_ms=1.0, max_queued_texts=100)
+    batcher.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="arbiter.embedding"):
+            for k in range(10):
+                with pytest.raises(RuntimeError):
+                    await batcher.embed([f"t{k}"])
+    finally:
+        await batcher.stop()
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum(m.startswith("encode failed for a batch") for m in lines) <= 1, lines
