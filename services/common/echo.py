@@ -26,12 +26,13 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def clean_text(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters (saying so) with lone surrogates escaped."""
-    if len(text) > limit:
-        text = f"{text[:limit]}… ({len(text)} characters)"
-    if _SURROGATE.search(text):
-        text = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-    return text
+    """``text`` with lone surrogates escaped, cut to ``limit`` characters (saying so)."""
+    cut = text[:limit]
+    if _SURROGATE.search(cut):  # an escape is 6 characters: the cut is checked after it
+        cut = _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", cut)
+    if len(text) <= limit and len(cut) <= limit:
+        return cut
+    return f"{cut[:limit]}… ({len(text)} characters)"
 
 
 def clean_envelope(body: ErrorResponse) -> ErrorResponse:
