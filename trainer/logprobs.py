@@ -261,15 +261,8 @@ def _chunk_grad(
     return (torch.where(hit, 1.0 - p, -p) * g[:, None]).to(logits.dtype)
 
 
-_COMPILED: dict[str, Callable[..., Any]] = {}
-
-
 def _maybe_compiled(fn: Callable[..., Any], compile: bool) -> Callable[..., Any]:
-    if not compile:
-        return fn
-    if fn.__name__ not in _COMPILED:
-        _COMPILED[fn.__name__] = torch.compile(fn)
-    return _COMPILED[fn.__name__]
+    return regional.compiled(fn) if compile else fn
 
 
 class _HeadChunk(torch.autograd.Function):

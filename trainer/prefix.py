@@ -45,7 +45,8 @@ class Plan:
     comp_ids: torch.Tensor  # (rows, n)
     inverse: torch.Tensor  # (rows,) prompt of each row
     first: torch.Tensor  # (u,) first row of each prompt
-    positions: torch.Tensor  # (u * pp + rows * n,) rotary position of every token
+    prompt_positions: torch.Tensor  # (u, pp) rotary position of every prompt token
+    comp_positions: torch.Tensor  # (rows, n) and of every completion token
     mask: torch.Tensor | None  # (rows, 1, pp + n, pp + n) bool; None: causal, no padding
 
 
@@ -65,7 +66,6 @@ def plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> Plan 
     start = int(mask[:, :p].any(0).long().argmax())  # the left padding every row has
     mask, pp = mask[:, start:], p - start
     pos = (mask.long().cumsum(-1) - 1).clamp(min=0)  # as the plain forward's
-    positions = torch.cat([pos[first, :pp].reshape(-1), pos[:, pp:].reshape(-1)])
     cmask = mask[:, pp:]
     right_padded = bool((cmask.long().diff(dim=-1) <= 0).all()) if n > 1 else True
     full = None
@@ -75,59 +75,60 @@ def plan(input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int) -> Plan 
         eye = torch.eye(length, device=dev, dtype=torch.bool)  # no query without a key
         full = ((causal[None] & mask[:, None, :]) | eye[None])[:, None]
     prompt_ids = input_ids[first][:, start:p]
-    return Plan(prompt_ids, input_ids[:, p:], inverse, first, positions, full)
+    return Plan(prompt_ids, input_ids[:, p:], inverse, first, pos[first, :pp], pos[:, pp:], full)
 
 
 def hidden_states(model: Any, pl: Plan, compile: bool = False) -> torch.Tensor:
     """The final (normed) hidden states (rows, n, H) that predict each completion token, the
     first one from the last prompt position. ``model``: the causal LM (unwrapped)."""
     inner = model.model
-    u, pp = pl.prompt_ids.shape
-    rows, n = pl.comp_ids.shape
-    ids = torch.cat([pl.prompt_ids.reshape(-1), pl.comp_ids.reshape(-1)])
-    x = inner.embed_tokens(ids)  # (u * pp + rows * n, H)
-    cos, sin = inner.rotary_emb(x[None], pl.positions[None])
+    xp, xc = inner.embed_tokens(pl.prompt_ids), inner.embed_tokens(pl.comp_ids)
+    cos_p, sin_p = inner.rotary_emb(xp, pl.prompt_positions)  # (u, pp, D)
+    cos_c, sin_c = inner.rotary_emb(xc, pl.comp_positions)  # (rows, n, D)
     with regional.layers_swapped(inner.layers, _layer, compile):
         for layer in inner.layers:
-            x = layer(x, cos[0], sin[0], pl.inverse, pl.first, pl.mask, u, pp, rows, n)
-    last = x[: u * pp].view(u, pp, -1)[:, -1].index_select(0, pl.inverse)  # (rows, H)
-    h = torch.cat([last[:, None], x[u * pp :].view(rows, n, -1)[:, :-1]], dim=1)
-    return inner.norm(h)
+            xp, xc = layer(xp, xc, cos_p, sin_p, cos_c, sin_c, pl.inverse, pl.first, pl.mask)
+    last = xp[:, -1].index_select(0, pl.inverse)  # (rows, H)
+    return inner.norm(torch.cat([last[:, None], xc[:, :-1]], dim=1))
 
 
 def _layer(
     layer: Any,
-    x: torch.Tensor,  # (T, H), the prompt stream's tokens first
-    cos: torch.Tensor,  # (T, D)
-    sin: torch.Tensor,
-    inverse: torch.Tensor,
-    first: torch.Tensor,
-    mask: torch.Tensor | None,
-    u: int,  # distinct prompts
-    pp: int,  # prompt columns
-    rows: int,
-    n: int,  # completion columns
-) -> torch.Tensor:
+    xp: torch.Tensor,  # (u, pp, H) the distinct prompts' tokens
+    xc: torch.Tensor,  # (rows, n, H) the completions' tokens
+    cos_p: torch.Tensor,  # (u, pp, D)
+    sin_p: torch.Tensor,
+    cos_c: torch.Tensor,  # (rows, n, D)
+    sin_c: torch.Tensor,
+    inverse: torch.Tensor,  # (rows,)
+    first: torch.Tensor,  # (u,)
+    mask: torch.Tensor | None,  # (rows, 1, pp + n, pp + n)
+) -> tuple[torch.Tensor, torch.Tensor]:
     """One decoder layer over the micro-batch's tokens (HF's layer: pre-norm attention, then
-    MLP); attention over whole rows."""
+    MLP); attention over whole rows. Every size is a dimension of an argument (no integer
+    arguments, no size computed from others), so a compiled layer with dynamic shapes has
+    one symbol per dimension and no equations between them to solve."""
     attn = layer.self_attn
     h_q, h_kv, d = attn.config.num_attention_heads, attn.config.num_key_value_heads, attn.head_dim
+    u, pp, hidden = xp.shape
+    rows, n, _ = xc.shape
+    # norms, projections and the MLP run over both streams' tokens at once
+    x = torch.cat([xp.reshape(u * pp, hidden), xc.reshape(rows * n, hidden)])
     hs = layer.input_layernorm(x)
-    q = attn.q_proj(hs).view(-1, h_q, d)
-    k = attn.k_proj(hs).view(-1, h_kv, d)
-    v = attn.v_proj(hs).view(-1, h_kv, d)
-    if hasattr(attn, "q_norm"):
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    c, sn = cos[:, None], sin[:, None]
-    q = q * c + decoder.rotate_half(q) * sn
-    k = k * c + decoder.rotate_half(k) * sn
-    tp = u * pp
+    q, k, v = attn.q_proj(hs), attn.k_proj(hs), attn.v_proj(hs)
 
-    def rows_of(t: torch.Tensor) -> torch.Tensor:  # (T, heads, d) -> (rows, heads, pp + n, d)
-        prompt = t[:tp].view(u, pp, -1, d).index_select(0, inverse)
-        return torch.cat([prompt, t[tp:].view(rows, n, -1, d)], dim=1).transpose(1, 2)
+    def rows_of(t: torch.Tensor, heads: int, rotary: bool) -> torch.Tensor:
+        """(u * pp + rows * n, heads * d) -> (rows, heads, pp + n, d), rotated for q and k."""
+        tp, tc = t[: u * pp].view(u, pp, heads, d), t[u * pp :].view(rows, n, heads, d)
+        if rotary and hasattr(attn, "q_norm"):
+            norm = attn.q_norm if heads == h_q else attn.k_norm
+            tp, tc = norm(tp), norm(tc)
+        if rotary:
+            tp = tp * cos_p[:, :, None] + decoder.rotate_half(tp) * sin_p[:, :, None]
+            tc = tc * cos_c[:, :, None] + decoder.rotate_half(tc) * sin_c[:, :, None]
+        return torch.cat([tp.index_select(0, inverse), tc], dim=1).transpose(1, 2)
 
-    qr, kr, vr = rows_of(q), rows_of(k), rows_of(v)
+    qr, kr, vr = rows_of(q, h_q, True), rows_of(k, h_kv, True), rows_of(v, h_kv, False)
     if mask is None:
         o = F.scaled_dot_product_attention(
             qr, kr, vr, is_causal=True, scale=attn.scaling, enable_gqa=True
@@ -136,10 +137,11 @@ def _layer(
         kr, vr = kr.repeat_interleave(h_q // h_kv, 1), vr.repeat_interleave(h_q // h_kv, 1)
         o = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=mask, scale=attn.scaling)
     o = o.transpose(1, 2)  # (rows, pp + n, h_q, d)
-    prompt_o = o.index_select(0, first)[:, :pp].reshape(tp, h_q * d)
+    prompt_o = o.index_select(0, first)[:, :pp].reshape(u * pp, h_q * d)
     o = torch.cat([prompt_o, o[:, pp:].reshape(rows * n, h_q * d)])
     x = x + attn.o_proj(o)
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return x[: u * pp].view(u, pp, hidden), x[u * pp :].view(rows, n, hidden)
 
 
 def supported(model: Any) -> bool:

@@ -42,12 +42,11 @@ def test_plan_splits_the_distinct_prompts_and_keeps_the_plain_positions() -> Non
     assert sorted(pl.inverse.tolist()) == [0, 0, 0, 1, 1, 1]
     assert pl.mask is not None  # the second prompt is padded: an explicit mask
     plain = (attn.cumsum(-1) - 1).clamp(min=0)
-    comp = pl.positions[2 * 6 :].view(6, 4)
-    torch.testing.assert_close(comp, plain[:, 6:])
+    torch.testing.assert_close(pl.comp_positions, plain[:, 6:])
     first = [int(pl.inverse[r]) for r in (0, 3)]
     for row, u in zip((0, 3), first, strict=True):
         real = attn[row, :6].bool()
-        torch.testing.assert_close(pl.positions[u * 6 : (u + 1) * 6][real], plain[row, :6][real])
+        torch.testing.assert_close(pl.prompt_positions[u][real], plain[row, :6][real])
     # one group without padding: the dense (causal kernels) case, the shared padding dropped
     ids, attn = _batch(groups=1, g=4, p=5, n=3)
     attn[:, :2] = 0
