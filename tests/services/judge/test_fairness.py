@@ -63,9 +63,11 @@ async def test_another_team_is_served_next_whatever_one_team_sent(stub_root: str
     started: list[str] = []  # the group id of every call, in the order it started
     chat = judge.client.chat
 
-    async def recording_chat(payload: dict[str, Any], component: str, **kw: Any) -> Any:
+    async def recording_chat(
+        payload: dict[str, Any], component: str, timeout_s: float | None = None
+    ) -> dict[str, Any]:
         started.append("b" if "fairness b" in payload["messages"][1]["content"] else "a")
-        return await chat(payload, component, **kw)
+        return await chat(payload, component, timeout_s)
 
     judge.client.chat = recording_chat  # type: ignore[method-assign]  # a spy: calls go on
     try:
