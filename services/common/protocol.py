@@ -12,18 +12,23 @@ own 503 past ``--limit-concurrency`` (not set by Arbiter).
 
 ``send_400_response`` is the one method overridden; uvicorn has called it for a parser
 error since 0.11 (h11 and httptools alike). ``tests/services/common/test_protocol.py``
-checks the answer on a real server, so an upgrade that changes this fails there.
+checks the answer on a real server, so an upgrade that changes this fails there. The
+protocol's warnings (one "Invalid HTTP request received." per malformed request, which a
+client can send in a loop) are throttled: one line per message per 10 s, with a count.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from arbiter.errors import BadRequest
 from arbiter.services.common.echo import clean_envelope
+from arbiter.services.common.throttle import ThrottledLog
 
 MESSAGE = (
     "the request is not valid HTTP/1.1: a header name or value holds a byte HTTP does not "
@@ -38,8 +43,29 @@ _HEADERS = [
 ]
 
 
+class _ThrottledWarnings:
+    """uvicorn's protocol logger with its warnings throttled per message; the rest as is."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger
+        self._throttled = ThrottledLog(logger)
+
+    def warning(self, msg: str, *args: object, **_: Any) -> None:
+        self._throttled.warning(msg, msg, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._logger, name)
+
+
+_LOGGER: Any = _ThrottledWarnings(logging.getLogger("uvicorn.error"))
+
+
 class EnvelopeH11Protocol(H11Protocol):
     """uvicorn's h11 protocol; a request it cannot parse gets the envelope."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.logger = _LOGGER
 
     def send_400_response(self, msg: str) -> None:
         for event in (
@@ -60,6 +86,10 @@ else:
 
     class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's httptools protocol; a request it cannot parse gets the envelope."""
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.logger = _LOGGER
 
         def send_400_response(self, msg: str) -> None:
             content = [b"HTTP/1.1 400 Bad Request\r\n"]

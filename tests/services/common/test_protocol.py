@@ -7,6 +7,7 @@ with the h11 protocol class (the one uvicorn falls back to without httptools).
 
 from __future__ import annotations
 
+import logging
 import socket
 import threading
 import time
@@ -101,3 +102,15 @@ def test_a_valid_request_is_untouched(h11_port: int) -> None:
         h11_port, b"GET / HTTP/1.1\r\nHost: x\r\nX-Tag: a\tb\r\nConnection: close\r\n\r\n"
     )
     assert answer.startswith(b"HTTP/1.1 200") and b"ok" in answer
+
+
+def test_malformed_requests_in_a_loop_log_one_warning(
+    h11_port: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    # uvicorn logs "Invalid HTTP request received." per malformed request: a client
+    # sending them in a loop would flood the log. One line per 10 s, with a count.
+    with caplog.at_level(logging.WARNING, logger="uvicorn.error"):
+        for _ in range(20):
+            _check(_exchange(h11_port, CASES[0]))
+    lines = [r.getMessage() for r in caplog.records if r.name == "uvicorn.error"]
+    assert sum(m.startswith("Invalid HTTP request") for m in lines) <= 1, lines
