@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
 import random
 import signal
@@ -34,12 +35,15 @@ import statistics
 import tempfile
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
+import psutil
 
 from arbiter.keys import create
 from arbiter.procs import ManagedProcess, free_port, redis_process, service_process
@@ -56,6 +60,7 @@ class Team:
     nulls: Counter[str] = field(default_factory=Counter)  # by reason
     wrong: list[str] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
+    timeline: list[tuple[float, float, int]] = field(default_factory=list)  # t, ms, nulls
 
     def summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
@@ -76,37 +81,39 @@ def _sum(rng: random.Random) -> tuple[int, int, int]:
     return a, b, a + b
 
 
-async def openrlhf(url: str, key: str, stop: asyncio.Event, team: Team, seed: int) -> None:
-    """One of 200 concurrent OpenRLHF workers: one sample per POST, over and over."""
+async def openrlhf(
+    http: aiohttp.ClientSession, url: str, stop: asyncio.Event, team: Team, seed: int
+) -> None:
+    """One of 200 concurrent OpenRLHF workers: one sample per POST, over and over (the
+    workers share one aiohttp session, as OpenRLHF's remote reward calls do)."""
     rng = random.Random(seed)
-    auth = {"Authorization": f"Bearer {key}"}
-    async with httpx.AsyncClient(timeout=120, headers=auth) as http:
-        while not stop.is_set():
-            a, b, s = _sum(rng)
-            prompt = PROMPT.format(n=rng.getrandbits(32), a=a, b=b)
-            right = rng.random() < 0.5
-            answer = s if right else s + 1
-            response = f"<think>{a} + {b}</think><answer>{answer}</answer><|im_end|>"
-            body = {"query": [prompt + response], "prompts": [prompt], "labels": [str(s)]}
-            start = time.perf_counter()
-            try:
-                r = await http.post(f"{url}/v1/compat/openrlhf/gsm8k", json=body)
-            except httpx.HTTPError as exc:
-                team.statuses[type(exc).__name__] += 1
-                continue
-            team.latencies.append(time.perf_counter() - start)
-            team.statuses[str(r.status_code)] += 1
-            if r.status_code != 200:  # an answer all the same: the envelope says why
-                team.nulls[r.json()["error"].get("code") or "?"] += 1
-                continue
-            got = r.json()["rewards"][0]
-            want = 1.5 if right else 0.5
-            if got != want:
-                team.wrong.append(f"openrlhf {a}+{b}={answer}: {got} != {want}")
+    while not stop.is_set():
+        a, b, s = _sum(rng)
+        prompt = PROMPT.format(n=rng.getrandbits(32), a=a, b=b)
+        right = rng.random() < 0.5
+        answer = s if right else s + 1
+        response = f"<think>{a} + {b}</think><answer>{answer}</answer><|im_end|>"
+        body = {"query": [prompt + response], "prompts": [prompt], "labels": [str(s)]}
+        start = time.perf_counter()
+        try:
+            async with http.post(f"{url}/v1/compat/openrlhf/gsm8k", json=body) as r:
+                status, doc = r.status, await r.json()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            team.statuses[type(exc).__name__] += 1
+            continue
+        team.latencies.append(time.perf_counter() - start)
+        team.statuses[str(status)] += 1
+        if status != 200:  # an answer all the same: the envelope says why
+            team.nulls[doc["error"].get("code") or "?"] += 1
+            continue
+        got = doc["rewards"][0]
+        want = 1.5 if right else 0.5
+        if got != want:
+            team.wrong.append(f"openrlhf {a}+{b}={answer}: {got} != {want}")
 
 
-async def normal(url: str, key: str, stop: asyncio.Event, team: Team) -> None:
-    rng = random.Random(7)
+async def normal(url: str, key: str, stop: asyncio.Event, team: Team, seed: int) -> None:
+    rng = random.Random(seed)  # a seed per phase: the groups are new, never cache hits
     auth = {"Authorization": f"Bearer {key}"}
     async with httpx.AsyncClient(timeout=120, headers=auth) as http:
         while not stop.is_set():
@@ -124,12 +131,29 @@ async def normal(url: str, key: str, stop: asyncio.Event, team: Team) -> None:
             except httpx.HTTPError as exc:
                 team.statuses[type(exc).__name__] += 1
                 continue
-            team.latencies.append(time.perf_counter() - start)
+            took = time.perf_counter() - start
+            team.latencies.append(took)
             team.statuses[str(r.status_code)] += 1
             if r.status_code != 200:
                 team.nulls[r.json()["error"].get("code") or "?"] += 1
                 continue
+            before = sum(team.nulls.values())
             check(r.json()["groups"][0], team)
+            nulls = sum(team.nulls.values()) - before
+            team.timeline.append((round(time.monotonic(), 2), round(took * 1000, 1), nulls))
+
+
+def normal_for(url: str, key: str, seconds: float, seed: int) -> Team:
+    """The normal team's client for ``seconds``, in a process of its own: a client that
+    shared the driver's event loop with 200 busy workers would measure that loop's queue."""
+
+    async def go() -> Team:
+        team, stop = Team(), asyncio.Event()
+        asyncio.get_running_loop().call_later(seconds, stop.set)
+        await normal(url, key, stop, team, seed)
+        return team
+
+    return asyncio.run(go())
 
 
 def check(got: dict[str, Any], team: Team) -> None:
@@ -157,21 +181,22 @@ async def leaver(url: str, key: str, stop: asyncio.Event, team: Team) -> None:
     """Requests of 40 responses that take seconds, abandoned after 0.3 s, on purpose."""
     rng = random.Random(11)
     auth = {"Authorization": f"Bearer {key}"}
+    http = httpx.AsyncClient(timeout=0.3, headers=auth)  # a timeout closes its connection
     while not stop.is_set():
         responses = [f"\\boxed{{\\frac{{{rng.randint(1, 999)}}}{{{j + 2}}}}}" for j in range(40)]
         body = {
             "recipe": "gsm8k",
             "groups": [{"reference": "\\frac{1}{2}", "responses": responses}],
         }
-        async with httpx.AsyncClient(timeout=0.3, headers=auth) as http:
-            try:
-                r = await http.post(f"{url}/v1/score", json=body)
-                team.statuses[str(r.status_code)] += 1
-            except httpx.TimeoutException:
-                team.statuses["left"] += 1
-            except httpx.HTTPError as exc:
-                team.statuses[type(exc).__name__] += 1
+        try:
+            r = await http.post(f"{url}/v1/score", json=body)
+            team.statuses[str(r.status_code)] += 1
+        except httpx.TimeoutException:
+            team.statuses["left"] += 1
+        except httpx.HTTPError as exc:
+            team.statuses[type(exc).__name__] += 1
         await asyncio.sleep(0.05)
+    await http.aclose()
 
 
 async def slow(url: str, key: str, stop: asyncio.Event, team: Team) -> None:
@@ -235,6 +260,18 @@ def start_stack(workdir: Path, keys: Path) -> dict[str, ManagedProcess]:
     return procs
 
 
+def cpu_s(procs: dict[str, ManagedProcess]) -> dict[str, float]:
+    """CPU seconds used so far by each process (children included) and by this driver."""
+    out = {"driver": sum(psutil.Process().cpu_times()[:2])}
+    for name, proc in procs.items():
+        if proc.proc is None or proc.proc.poll() is not None:
+            continue
+        with contextlib.suppress(psutil.Error):
+            p = psutil.Process(proc.proc.pid)
+            out[name] = sum(sum(x.cpu_times()[:2]) for x in [p, *p.children(recursive=True)])
+    return out
+
+
 def _usage(url: str, admin: str) -> dict[str, dict[str, int]]:
     r = httpx.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {admin}"}, timeout=30)
     out: dict[str, dict[str, int]] = {}
@@ -250,27 +287,36 @@ async def soak(url: str, procs: dict[str, ManagedProcess], keys: dict[str, str],
                seconds: float, baseline_s: float) -> dict[str, Any]:  # fmt: skip
     teams = {name: Team() for name in ("openrlhf", "slow", "leaver", "normal")}
     # The baseline: the normal team alone, on the same stack, just before the others join.
-    alone, stop = Team(), asyncio.Event()
-    baseline = asyncio.create_task(normal(url, keys["normal"], stop, alone))
-    await asyncio.sleep(baseline_s)
-    stop.set()
-    await baseline
+    loop = asyncio.get_running_loop()
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    alone = await loop.run_in_executor(pool, normal_for, url, keys["normal"], baseline_s, 1)
     stop = asyncio.Event()
     t0 = time.monotonic()
-    tasks = [asyncio.create_task(openrlhf(url, keys["openrlhf"], stop, teams["openrlhf"], i))
-             for i in range(200)]  # fmt: skip
-    tasks += [
+    cpu0 = cpu_s(procs)
+    http = aiohttp.ClientSession(
+        headers={"Authorization": f"Bearer {keys['openrlhf']}"},
+        connector=aiohttp.TCPConnector(limit=200),
+        timeout=aiohttp.ClientTimeout(total=120),
+    )
+    loaded = loop.run_in_executor(pool, normal_for, url, keys["normal"], seconds, 2)
+    tasks = [
         asyncio.create_task(slow(url, keys["slow"], stop, teams["slow"])),
         asyncio.create_task(leaver(url, keys["leaver"], stop, teams["leaver"])),
-        asyncio.create_task(normal(url, keys["normal"], stop, teams["normal"])),
     ]
+    tasks += [asyncio.create_task(openrlhf(http, url, stop, teams["openrlhf"], i))
+              for i in range(200)]  # fmt: skip
     fault_log: list[dict[str, Any]] = []
     fault_task = asyncio.create_task(faults(procs, seconds, t0, fault_log))
     await asyncio.sleep(seconds)
     await fault_task
     stop.set()
     await asyncio.gather(*tasks)
+    await http.close()
+    teams["normal"] = await loaded
+    pool.shutdown()
     elapsed = time.monotonic() - t0
+    cpu1 = cpu_s(procs)  # verify and redis restarted: their figures cover the last run only
+    cpu_share = {k: round((cpu1[k] - cpu0.get(k, 0.0)) / elapsed, 2) for k in cpu1}
     used = await asyncio.to_thread(_usage, url, keys["admin"])
     leave = used.get("leaver", {})
     charged = leave.get("responses", 0) + leave.get("unanswered_responses", 0)
@@ -278,6 +324,7 @@ async def soak(url: str, procs: dict[str, ManagedProcess], keys: dict[str, str],
         "seconds": round(elapsed, 1),
         "normal_alone": alone.summary(),
         "teams": {name: t.summary() for name, t in teams.items()},
+        "normal_timeline": [(round(t - t0, 2), ms, n) for t, ms, n in teams["normal"].timeline],
         "leaver_quota": {
             "responses_per_minute": LEAVER_RPM,
             "allowed_in_run": round(LEAVER_RPM * (1 + elapsed / 60)),  # a full bucket + refill
@@ -287,14 +334,17 @@ async def soak(url: str, procs: dict[str, ManagedProcess], keys: dict[str, str],
         "ledger": used,
         "faults": fault_log,
         "wrong": sum(len(t.wrong) for t in teams.values()),
+        "cpu_cores_used": cpu_share,
         "cpus": os.cpu_count(),
         "load_avg_end": [round(x, 2) for x in os.getloadavg()],
         "date": datetime.now(UTC).strftime("%Y-%m-%d"),
     }
 
 
-def run(seconds: float = 60, baseline_s: float = 10) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="arbiter-soak-teams-") as tmp:
+def run(seconds: float = 60, baseline_s: float = 10, logs: Path | None = None) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="arbiter-soak-teams-") as scratch:
+        tmp = str(logs or scratch)
+        Path(tmp).mkdir(parents=True, exist_ok=True)
         path = Path(tmp) / "keys.yaml"
         quotas: dict[str, dict[str, object] | None] = {
             "openrlhf": None, "slow": None, "leaver": {"responses_per_minute": LEAVER_RPM},
@@ -318,10 +368,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--baseline-seconds", type=float, default=10)
+    parser.add_argument("--logs", type=Path, default=None, help="keep the services' logs here")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
-    out = run(args.seconds, args.baseline_seconds)
-    print(json.dumps({k: v for k, v in out.items() if k != "ledger"}, indent=2))
+    out = run(args.seconds, args.baseline_seconds, args.logs)
+    shown = {k: v for k, v in out.items() if k not in ("ledger", "normal_timeline")}
+    print(json.dumps(shown, indent=2))
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
 

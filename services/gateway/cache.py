@@ -21,9 +21,11 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import RedisError
 
 from arbiter.proto.gateway import ScoreGroup
+from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.gateway.recipes import BoundComponent
 
 log = logging.getLogger("arbiter.gateway.cache")
+RECOVERED_LOG = ThrottledLog(log, interval_s=30.0)
 
 REDIS_ERRORS = Counter(
     "arbiter_gateway_redis_errors_total", "Redis operations that failed (cache bypassed).", ["op"]
@@ -196,7 +198,8 @@ class RedisCache:
         if self._was_down:
             self._was_down = False
             self._down_until = 0.0
-            log.warning("redis reachable again; cache back on")
+            # After a restart every pooled connection fails once: one line, not one each.
+            RECOVERED_LOG.warning("recovered", "redis reachable again; cache back on")
 
     async def get_many(self, keys: list[str]) -> list[Value | None]:
         if not keys or self._bypass(len(keys)):
