@@ -14,13 +14,21 @@ leaves the line and cancels its calls in flight.
 
 Prompt layout, for the server's prefix cache: the fixed rubric/instruction is the system
 message; the user message starts with the question and reference (shared by the G
-responses of a group) and ends with the response.
+responses of a group) and ends with the response. Each team's calls carry their own
+``cache_salt`` (``JUDGE_CACHE_SALT_PER_TEAM``): vLLM shares cached prefixes only between
+calls with the same salt, so a team's call times say nothing about other teams' prompts.
+The salt is an HMAC of the team under a key drawn at start-up: unpredictable, and the
+team's name never reaches the judge server.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
+import hmac
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -93,9 +101,17 @@ class Judge:
         self._slots = FairLimiter(settings.max_concurrency, settings.team_weights)
         self._json_refused = False
         self._probe = _Probe()
+        self._salt_key = secrets.token_bytes(32)  # per process: salts nobody can predict
 
     async def aclose(self) -> None:
         await self.client.aclose()
+
+    def cache_salt(self, team: str) -> dict[str, Any]:
+        """``{"cache_salt": …}`` for ``team``'s calls (empty when the setting is off)."""
+        if not self.settings.cache_salt_per_team:
+            return {}
+        digest = hmac.new(self._salt_key, team.encode(), hashlib.sha256).digest()
+        return {"cache_salt": base64.urlsafe_b64encode(digest).decode().rstrip("=")}
 
     def _thinking(self) -> dict[str, Any]:
         if not self.settings.send_thinking_switch:
@@ -105,7 +121,12 @@ class Judge:
     # ----------------------------------------------------------------------- payloads
 
     def quality_payload(
-        self, group: ScoreGroup, response: str, params: QualityParams, structured: bool
+        self,
+        group: ScoreGroup,
+        response: str,
+        params: QualityParams,
+        structured: bool,
+        team: str = "",
     ) -> dict[str, Any]:
         system = params.rubric.replace("{scale}", str(params.scale))
         user = user_message(group, response, params.show_reference)
@@ -117,6 +138,7 @@ class Judge:
             "temperature": params.temperature,
             "max_tokens": params.max_tokens,
             **self._thinking(),
+            **self.cache_salt(team),
         }
         if structured:
             payload["response_format"] = {
@@ -130,7 +152,7 @@ class Judge:
         return payload
 
     def verifier_payload(
-        self, group: ScoreGroup, response: str, req: VerifierRequest
+        self, group: ScoreGroup, response: str, req: VerifierRequest, team: str = ""
     ) -> dict[str, Any]:
         p = req.params
         top = p.top_logprobs or self.settings.top_logprobs
@@ -148,6 +170,7 @@ class Judge:
             "logprobs": True,
             "top_logprobs": top,
             **self._thinking(),
+            **self.cache_salt(team),
         }
         if constrain:
             payload["structured_outputs"] = {"choice": list(LABELS)}
@@ -160,13 +183,14 @@ class Judge:
         return mode == "json_schema" or (mode == "auto" and not self._json_refused)
 
     async def _quality_item(
-        self, group: ScoreGroup, response: str, params: QualityParams
+        self, group: ScoreGroup, response: str, team: str, params: QualityParams
     ) -> ItemResult:
         structured = self._structured()
         try:
             try:
                 body = await self.client.chat(
-                    self.quality_payload(group, response, params, structured), "judge_quality"
+                    self.quality_payload(group, response, params, structured, team),
+                    "judge_quality",
                 )
             except InvalidRequest as exc:
                 if not (structured and self.settings.structured_output == "auto"):
@@ -178,7 +202,7 @@ class Judge:
                 self._json_refused = True
                 structured = False
                 body = await self.client.chat(
-                    self.quality_payload(group, response, params, False), "judge_quality"
+                    self.quality_payload(group, response, params, False, team), "judge_quality"
                 )
             pt, ct = usage_tokens(body)
             try:
@@ -192,11 +216,11 @@ class Judge:
         return ItemResult(verdict.score, None, "", info, pt, ct)
 
     async def _verifier_item(
-        self, group: ScoreGroup, response: str, req: VerifierRequest
+        self, group: ScoreGroup, response: str, team: str, req: VerifierRequest
     ) -> ItemResult:
         try:
             body = await self.client.chat(
-                self.verifier_payload(group, response, req), "judge_verifier"
+                self.verifier_payload(group, response, req, team), "judge_verifier"
             )
             pt, ct = usage_tokens(body)
             try:
@@ -226,7 +250,7 @@ class Judge:
         async def fair(g: ScoreGroup, r: str) -> ItemResult:
             try:
                 async with asyncio.timeout_at(deadline), self._slots.slot(request, team):
-                    result: ItemResult = await item(g, r, *extra)
+                    result: ItemResult = await item(g, r, team, *extra)
                     return result
             except TimeoutError:  # past the item's deadline, waiting for a slot included
                 message = f"not judged within {self.settings.timeout_s:g}s (queueing included)"

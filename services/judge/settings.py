@@ -67,6 +67,13 @@ class JudgeSettings(ServiceSettings):
         default=False,
         description="Verifier: send vLLM's structured_outputs choice [Yes, No] (vLLM only).",
     )
+    cache_salt_per_team: bool = Field(
+        default=True,
+        description="Send each team's own cache_salt (vLLM; a keyed digest of the team, "
+        "never its name): the server's prefix cache is then shared within a team only, so "
+        "one team cannot tell from its calls' times that another just sent the same prompt. "
+        "Turn off for servers that refuse the field.",
+    )
     ready_probe_ttl_s: float = Field(
         default=300.0, ge=0, description="How long a passed log-probs probe is trusted."
     )

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from arbiter.proto.common import TEAM_HEADER
 from arbiter.proto.components import ScoreGroup
 from arbiter.proto.judge import QualityParams, QualityRequest, VerifierParams, VerifierRequest
 from arbiter.services.judge.scoring import Judge
@@ -168,6 +169,44 @@ async def test_metrics_count_tokens_and_prefix_cache(judge_url: str) -> None:
     assert samples[f'arbiter_judge_tokens_total{{{quality},type="prompt"}}'] > 0
     assert samples[f'arbiter_judge_tokens_total{{{quality},type="completion"}}'] > 0
     assert samples[f'arbiter_judge_tokens_total{{{quality},type="cached_prompt"}}'] > 0
+
+
+async def _cached_tokens(http: httpx.AsyncClient, url: str) -> float:
+    text = (await http.get(f"{url}/metrics")).text
+    line = 'arbiter_judge_tokens_total{component="judge_quality",type="cached_prompt"} '
+    return sum(float(x.split(" ")[1]) for x in text.splitlines() if x.startswith(line))
+
+
+async def test_prefix_cache_is_shared_within_a_team_only(judge_url: str) -> None:
+    # Each team's calls carry their own cache_salt: team a's second call reuses a's cached
+    # prefix; team b sending the very same prompt reuses nothing of a's (not even the
+    # rubric), so b cannot tell from its call's time what a sent (issue 21's shared-cache
+    # finding, here in vLLM's prefix cache).
+    group = {**GROUP, "id": "salted", "responses": GROUP["responses"][:1]}
+    body = {"groups": [group], "params": {}}
+    async with httpx.AsyncClient(timeout=120) as http:
+
+        async def cached(team: str) -> float:
+            before = await _cached_tokens(http, judge_url)
+            r = await http.post(f"{judge_url}/v1/quality", json=body, headers={TEAM_HEADER: team})
+            assert r.status_code == 200 and r.json()["groups"][0]["scores"][0] is not None
+            return await _cached_tokens(http, judge_url) - before
+
+        await cached("salt-a")
+        assert await cached("salt-a") > 0  # its own prefix: reused
+        assert await cached("salt-b") == 0  # the same prompt from another team: not
+
+
+def test_cache_salt_is_per_team_unpredictable_and_valid_for_vllm() -> None:
+    judge = Judge(JudgeSettings(base_url="http://127.0.0.1:1/v1", model="m"))
+    other = Judge(JudgeSettings(base_url="http://127.0.0.1:1/v1", model="m"))
+    a, b = judge.cache_salt("a")["cache_salt"], judge.cache_salt("b")["cache_salt"]
+    assert a != b and judge.cache_salt("a")["cache_salt"] == a  # per team, stable
+    assert other.cache_salt("a")["cache_salt"] != a  # keyed: not derivable from the name
+    assert len(a) <= 128 and not set(a) & set("@/\\\x00")  # vLLM's rules for a salt
+    off = Judge(JudgeSettings(base_url="http://127.0.0.1:1/v1", model="m",
+                              cache_salt_per_team=False))  # fmt: skip
+    assert off.cache_salt("a") == {}
 
 
 def _shape(x: Any) -> Any:
