@@ -68,23 +68,6 @@ COMPAT_REQUESTS = Counter(
 )
 
 # --- dependencies -------------------------------------------------------------------
-
-
-async def _lifecycle(request: Request) -> Lifecycle:
-    lifecycle: Lifecycle = request.app.state.lifecycle
-    return lifecycle
-
-
-async def _collector(request: Request) -> GroupCollector:
-    collector: GroupCollector = request.app.state.compat_collector
-    return collector
-
-
-async def _settings(request: Request) -> GatewaySettings:
-    settings: GatewaySettings = request.app.state.settings
-    return settings
-
-
 _GROUP_SIZE = Query(
     ge=1,
     le=256,
@@ -117,14 +100,14 @@ class Options:
 
 async def _options(
     request: Request,
-    settings: Annotated[GatewaySettings, Depends(_settings)],
-    lifecycle: Annotated[Lifecycle, Depends(_lifecycle)],
-    collector: Annotated[GroupCollector, Depends(_collector)],
     group_size: Annotated[int | None, _GROUP_SIZE] = None,
     window_ms: Annotated[float | None, _WINDOW_MS] = None,
     null_reward: Annotated[float | None, _NULL_REWARD] = None,
 ) -> Options:
-    # async: a class or a plain `def` dependency would run on the threadpool
+    # async: a class or a plain `def` dependency would run on the threadpool. One
+    # dependency that reads the app's state: FastAPI solves every nested one per request.
+    state = request.app.state
+    settings: GatewaySettings = state.settings
     if window_ms is not None and window_ms > settings.compat_max_window_ms:
         raise Unprocessable(
             f"window_ms: at most {settings.compat_max_window_ms:g} (GATEWAY_COMPAT_MAX_WINDOW_MS)",
@@ -135,8 +118,8 @@ async def _options(
         window_s=None if window_ms is None else window_ms / 1000,
         null_reward=settings.compat_null_reward if null_reward is None else null_reward,
         who=principal(request),
-        lifecycle=lifecycle,
-        collector=collector,
+        lifecycle=state.lifecycle,
+        collector=state.compat_collector,
     )
 
 
