@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +104,13 @@ class ResolvedRecipe:
     ref: RecipeRef
     components: tuple[BoundComponent, ...]
     ref_json: dict[str, Any]  # pre-dumped for the response
+    named: bool = False  # one of the book's (an inline recipe's name is the caller's)
+
+    @property
+    def label(self) -> str:
+        """Its metric label: the name of a named recipe, ``inline`` for any other (a
+        caller's names must not grow the label set)."""
+        return self.ref.name if self.named else "inline"
 
 
 def check_params(spec: ComponentSpec, params: dict[str, Any], where: str) -> None:
@@ -178,7 +185,7 @@ class RecipeBook:
     def __init__(self, recipes_file: Path | None = None):
         self._named: dict[str, ResolvedRecipe] = {}
         for recipe in BUILTIN_RECIPES:
-            self._named[recipe.name] = resolve(recipe)
+            self._named[recipe.name] = replace(resolve(recipe), named=True)
         if recipes_file is not None:
             for i, recipe in enumerate(load_yaml(recipes_file)):
                 if recipe.name in self._named:
@@ -187,7 +194,8 @@ class RecipeBook:
                         "built-in and earlier recipes cannot be replaced, pick another name"
                     )
                 try:
-                    self._named[recipe.name] = resolve(recipe, where=f"recipes[{i}]")
+                    resolved = resolve(recipe, where=f"recipes[{i}]")
+                    self._named[recipe.name] = replace(resolved, named=True)
                 except Unprocessable as exc:
                     raise ValueError(f"recipes file {recipes_file}: {exc.message}") from None
 

@@ -149,7 +149,7 @@ class Scorer:
     async def score(self, recipe: ResolvedRecipe, groups: list[ScoreGroup], scope: Scope) -> Scored:
         """Score ``groups``; an ``InvalidRequest`` (params a component refused) is the only
         error raised: a failed component is nulls with their reasons in ``Scored``."""
-        label = recipe.ref.name
+        label = recipe.label
         try:
             scored = await self._score(recipe, groups, scope)
         except InvalidRequest:
@@ -178,7 +178,7 @@ class Scorer:
         if not self.cache_enabled:
             merged.writes.clear()
         rewards, reward_errors = await run(weigh, comps, groups)
-        SCORES.observe_rewards(recipe.ref.name, (r for rs in rewards for r in rs))
+        SCORES.observe_rewards(recipe.label, (r for rs in rewards for r in rs))
         for c in comps:
             SCORES.observe_component(c.name, (s for ss in c.scores for s in ss))
         elapsed = time.perf_counter() - start
