@@ -216,3 +216,12 @@ def test_settings_defaults_and_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
     s = GatewaySettings()
     assert s.port == 8000 and s.redis_url == "redis://127.0.0.1:6379/0"
     assert s.judge_url is None and s.timeout_for("judge_quality") == 120.0
+
+
+def test_metric_label_is_the_name_of_a_named_recipe_only() -> None:
+    # An inline recipe's name is whatever the caller sent: as a label it would let a
+    # caller grow the metrics without bound.
+    book = RecipeBook()
+    assert book.get("gsm8k").label == "gsm8k"
+    inline = Recipe(name="anything-at-all", components=[RecipeComponent(name="format")])
+    assert book.get(inline).label == "inline"
