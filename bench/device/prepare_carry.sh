@@ -19,7 +19,7 @@ STACK=(fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.4
        opentelemetry-api==1.45.2)
 
 mkdir -p .carry/trainer/whl .carry/embedding/whl
-dl .carry/trainer/whl "${STACK[@]}" redis==8.1.0 math-verify==0.9.0 \
+dl .carry/trainer/whl "${STACK[@]}" httptools==0.9.0 redis==8.1.0 math-verify==0.9.0 \
   latex2sympy2-extended==1.11.0 antlr4-python3-runtime==4.13.2 \
   trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 dl .carry/embedding/whl "${STACK[@]}" httptools==0.9.0
