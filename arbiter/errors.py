@@ -2,7 +2,8 @@
 whether trying again can help.
 
 A flat hierarchy (after Prime Intellect's verifiers): bad input is an ``InvalidRequest``
-(4xx, not retryable), a dependency that is down or overloaded is ``Unavailable`` or
+(4xx, not retryable; ``NotConfigured``, 422, when the recipe needs a component service the
+deployment has not configured), a dependency that is down or overloaded is ``Unavailable`` or
 ``RateLimited`` (503/429, retryable), a deadline is ``Timeout`` (504, retryable), a reply
 outside the contract is ``BadResponse``, one item's own reason (an unparsable reference,
 a judge reply without a score) is an ``ItemFailure``. The wire names themselves live in
@@ -42,6 +43,7 @@ from arbiter.proto.errors import (
 )
 
 MAX_MESSAGE_CHARS = 1000
+NOT_CONFIGURED = "component_not_configured"  # the code of a ``NotConfigured`` (422)
 
 
 class ArbiterError(Exception):
@@ -101,6 +103,17 @@ class Unprocessable(InvalidRequest):
     """422: the body does not validate, or names something unknown (a recipe, a param)."""
 
     status = 422
+
+
+class NotConfigured(Unprocessable):
+    """422 ``component_not_configured``: the recipe needs a component service this
+    deployment has not configured (no judge, no embedding). Refused before any work; not
+    retryable: the same request fails until the deployment changes. The message names the
+    component and how to add it (compose, ``arbiter up``, the setting)."""
+
+    def __init__(self, message: str, *, param: str | None = "recipe", **kwargs: Any) -> None:
+        kwargs.setdefault("code", NOT_CONFIGURED)
+        super().__init__(message, param=param, **kwargs)
 
 
 class PayloadTooLarge(InvalidRequest):
@@ -243,6 +256,8 @@ def from_response(status: int, body: bytes | str, *, source: str = "") -> Arbite
         envelope = None
     if envelope is not None:
         e = envelope.error
+        if e.code == NOT_CONFIGURED and cls is Unprocessable:
+            cls = NotConfigured
         err = cls(f"{where}: {e.message}"[:MAX_MESSAGE_CHARS], param=e.param, code=e.code)
         err.type = e.type
     else:

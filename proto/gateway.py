@@ -47,7 +47,9 @@ class ScoreRequest(ArbiterModel):
     groups: list[ScoreGroup] = Field(min_length=1, max_length=MAX_GROUPS)
     on_error: Literal["mask", "fail"] = Field(
         default="mask",
-        description="mask: null + mask + error entry; fail: the whole request fails (503/504).",
+        description="mask: null + mask + error entry; fail: the whole request fails "
+        "(503/504) when a component fails. A component this gateway has not configured "
+        "is refused before any work in both modes (422 component_not_configured).",
     )
 
     @model_validator(mode="after")
@@ -96,5 +98,26 @@ class ScoreResponse(ArbiterModel):
     usage: ScoreUsage
 
 
+class RecipeInfo(RecipeRef):
+    """A named recipe as ``GET /v1/recipes`` lists it: whether this deployment can serve it."""
+
+    available: bool = Field(
+        default=True,
+        description="false: a component's service is not configured on this gateway; a "
+        "scoring call with this recipe is refused (422 component_not_configured).",
+    )
+    reason: str | None = Field(
+        default=None,
+        description="Why not available: the component and service missing, and how to add "
+        "it (the refusal's message). null when available.",
+    )
+
+
 class RecipeList(ArbiterModel):
-    recipes: list[RecipeRef]
+    recipes: list[RecipeInfo]
+    unconfigured: dict[str, str] = Field(
+        default_factory=dict,
+        description="Components whose service this gateway has not configured, each with "
+        "why and how to add it: any recipe that uses one, named or inline, is refused "
+        "(422 component_not_configured).",
+    )

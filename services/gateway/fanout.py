@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 
 import aiohttp
 from prometheus_client import Counter, Histogram
@@ -34,6 +34,7 @@ from arbiter.errors import (
     ArbiterError,
     BadResponse,
     InvalidRequest,
+    NotConfigured,
     Timeout,
     Unavailable,
     Unprocessable,
@@ -75,11 +76,38 @@ def env_var(service: str) -> str:
     return f"GATEWAY_{service.upper()}_URL"
 
 
-def not_configured(spec: ComponentSpec) -> Unavailable:
-    return Unavailable(
-        f"component {spec.name!r} needs the {spec.service} service, which is not "
-        f"configured: set {env_var(spec.service)}"
-    )
+# How to give the gateway each service, for every way of running it (docker-compose.yml's
+# header, arbiter/stack.py's flags, the settings).
+HOW_TO_ADD = {
+    "judge": "docker compose: COMPOSE_PROFILES=cpu or gpu (or judge, with JUDGE_BASE_URL=<an "
+    "OpenAI-compatible server>) and GATEWAY_JUDGE_URL=http://judge:8003 in .env; arbiter up: "
+    "--judge-base-url URL --judge-model NAME (a running OpenAI-compatible server); "
+    "otherwise: GATEWAY_JUDGE_URL=<the judge service's URL>",
+    "embedding": "docker compose and arbiter up start it (unless GATEWAY_EMBEDDING_URL is set "
+    "empty, or arbiter up --no-embedding); otherwise: GATEWAY_EMBEDDING_URL=<the embedding "
+    "service's URL>",
+    "verify": "docker compose and arbiter up start it; otherwise: GATEWAY_VERIFY_URL=<the "
+    "verify service's URL>",
+}
+
+
+def missing_text(specs: Iterable[ComponentSpec]) -> str:
+    """``needs the judge service (judge_quality), which this gateway has not configured
+    (GATEWAY_JUDGE_URL is unset). To add the judge service: …``: every missing service
+    once, with how to add it for each way of running the gateway."""
+    by_service: dict[str, list[str]] = {}
+    for spec in specs:
+        by_service.setdefault(spec.service, []).append(spec.name)
+    needs = " and ".join(f"the {s} service ({', '.join(n)})" for s, n in by_service.items())
+    unset = ", ".join(env_var(s) for s in by_service)
+    verb = "is" if len(by_service) == 1 else "are"
+    fixes = " ".join(f"To add the {s} service: {HOW_TO_ADD[s]}." for s in by_service)
+    return f"needs {needs}, which this gateway has not configured ({unset} {verb} unset). {fixes}"
+
+
+def not_configured(spec: ComponentSpec) -> NotConfigured:
+    """The refusal of a component whose service this gateway has no URL for."""
+    return NotConfigured(f"component {spec.name!r} {missing_text([spec])}", param=None)
 
 
 class ComponentClient:
@@ -106,6 +134,11 @@ class ComponentClient:
 
     async def close(self) -> None:
         await self.session.close()
+
+    def missing(self, specs: Iterable[ComponentSpec]) -> list[ComponentSpec]:
+        """Those of ``specs`` whose service has no URL here (a deployment's choice: such a
+        recipe is refused at admission, ``lifecycle.py``)."""
+        return [s for s in specs if self.url(s) is None]
 
     def url(self, spec: ComponentSpec) -> str | None:
         base = self.settings.component_url(spec.name, spec.service)

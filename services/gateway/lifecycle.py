@@ -3,10 +3,13 @@
 1. **Admission** (``Lifecycle.admit``), before any work. The body was read within its
    deadline and its team's body budget (``services/common/limits.py``) and the caller
    authenticated (``auth.py``). Then, in this order: the recipe is resolved, once (422);
-   the team's allow-lists (403); the ``Idempotency-Key`` is claimed, or the stored answer
-   replayed (the allow-lists were checked first, so a replay re-checks the key's current
-   access); the quota takes the request's responses (429/413; the claim is released).
-   The result is a ``Ticket``: who, the recipe, the ``Scope`` the work runs in.
+   the team's allow-lists (403); every component's service is configured here (else 422
+   ``component_not_configured``, naming what is missing and how to add it: a deployment's
+   choice is refused, never retried, and costs no quota); the ``Idempotency-Key`` is
+   claimed, or the stored answer replayed (the allow-lists were checked first, so a
+   replay re-checks the key's current access); the quota takes the request's responses
+   (429/413; the claim is released). The result is a ``Ticket``: who, the recipe, the
+   ``Scope`` the work runs in.
 2. **Scoring**: ``Scorer.score(recipe, groups, scope)`` (pure, ``scoring.py``), directly
    for ``/v1/score``, through the group collector for the compat routes.
 3. **Settlement** (``Lifecycle.settle``), exactly once per ticket, whatever happened
@@ -37,11 +40,12 @@ from dataclasses import dataclass, field
 
 from starlette.background import BackgroundTask
 
-from arbiter.errors import Forbidden, RateLimited
+from arbiter.errors import Forbidden, NotConfigured, RateLimited
 from arbiter.keys import Principal
 from arbiter.proto.components import ScoreGroup
 from arbiter.proto.gateway import Recipe
 from arbiter.services.common.responses import JSONBody
+from arbiter.services.gateway.fanout import missing_text
 from arbiter.services.gateway.idempotency import REPLAYED, Claim, Replay, check_key
 from arbiter.services.gateway.merge import failure_error
 from arbiter.services.gateway.recipes import RecipeBook, ResolvedRecipe
@@ -123,6 +127,9 @@ class Lifecycle:
         resolved = self.book.get(recipe)  # 422 for an unknown recipe or bad params
         label = recipe if isinstance(recipe, str) else "inline"
         _check_allowed(who, resolved, label)
+        why = self.unavailable(resolved)
+        if why is not None:  # a deployment's choice, not a fault: 422, never retried
+            raise NotConfigured(why, param="recipe")
         claim: Claim | None = None
         idem = self.teams.idempotency
         if idempotent is not None and idem is not None:
@@ -142,6 +149,15 @@ class Lifecycle:
         weight = self.weights.get(who.team, 1)
         scope = Scope(who.team, None if shared else who.team, weight=weight)
         return Ticket(who, resolved, responses, scope, self._ledger(who), taken, claim)
+
+    def unavailable(self, recipe: ResolvedRecipe) -> str | None:
+        """Why this gateway cannot serve ``recipe`` (a component's service has no URL), or
+        None. The refusal's message and ``GET /v1/recipes``' ``reason`` alike."""
+        missing = self.scorer.client.missing(c.spec for c in recipe.components)
+        if not missing:
+            return None
+        name = repr(recipe.ref.name) if recipe.named else "(inline)"
+        return f"recipe {name} {missing_text(missing)}"
 
     def _ledger(self, who: Principal) -> str | None:
         return who.team if self.teams.auth else None

@@ -217,3 +217,7 @@ class RecipeBook:
 
     def refs(self) -> list[RecipeRef]:
         return [r.ref for r in self._named.values()]
+
+    def named(self) -> list[ResolvedRecipe]:
+        """The named recipes, built-in first, in the order they were defined."""
+        return list(self._named.values())

@@ -15,12 +15,14 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from arbiter.errors import Unprocessable
 from arbiter.keys import Principal
 from arbiter.proto.errors import ErrorResponse
-from arbiter.proto.gateway import RecipeList, ScoreRequest, ScoreResponse
+from arbiter.proto.gateway import RecipeInfo, RecipeList, ScoreRequest, ScoreResponse
 from arbiter.proto.usage import UsageReport
 from arbiter.services.common.responses import JSONBody
 from arbiter.services.gateway.auth import principal
+from arbiter.services.gateway.fanout import not_configured
 from arbiter.services.gateway.idempotency import HEADER
 from arbiter.services.gateway.lifecycle import IdempotentCall, Lifecycle
+from arbiter.services.gateway.recipes import COMPONENTS
 from arbiter.services.gateway.usage import today
 
 # The answers of an authenticated route, besides every service's (ERROR_RESPONSES).
@@ -73,11 +75,20 @@ async def score(
 
 
 @router.get(
-    "/v1/recipes", response_model=RecipeList, summary="The named recipes the caller may use"
+    "/v1/recipes",
+    response_model=RecipeList,
+    summary="The named recipes the caller may use, each available here or not (and why)",
 )
 async def recipes(lifecycle: LifecycleDep, who: CallerDep) -> JSONBody:
-    allowed = [r for r in lifecycle.book.refs() if who.may_use_recipe(r.name)]
-    return JSONBody(RecipeList(recipes=allowed))
+    listed = []
+    for r in lifecycle.book.named():
+        if who.may_use_recipe(r.ref.name):
+            why = lifecycle.unavailable(r)
+            info = {**r.ref_json, "available": why is None, "reason": why}
+            listed.append(RecipeInfo.model_validate(info))
+    client = lifecycle.scorer.client
+    unconfigured = {s.name: not_configured(s).message for s in client.missing(COMPONENTS.values())}
+    return JSONBody(RecipeList(recipes=listed, unconfigured=unconfigured))
 
 
 @router.get(

@@ -147,8 +147,9 @@ class Scorer:
         self._pending: dict[str, str] = {}
 
     async def score(self, recipe: ResolvedRecipe, groups: list[ScoreGroup], scope: Scope) -> Scored:
-        """Score ``groups``; an ``InvalidRequest`` (params a component refused) is the only
-        error raised: a failed component is nulls with their reasons in ``Scored``."""
+        """Score ``groups``; an ``InvalidRequest`` (params a component refused, a component
+        not configured) is the only error raised: a failed component is nulls with their
+        reasons in ``Scored``."""
         label = recipe.label
         try:
             scored = await self._score(recipe, groups, scope)
@@ -162,6 +163,11 @@ class Scorer:
         self, recipe: ResolvedRecipe, groups: list[ScoreGroup], scope: Scope
     ) -> Scored:
         start = time.perf_counter()
+        # A component whose service is not configured is refused at admission
+        # (``lifecycle.py``); a caller that skipped it is refused the same way (422).
+        missing = self.client.missing(b.spec for b in recipe.components)
+        if missing:
+            raise not_configured(missing[0])
         # A big request's CPU-bound steps run on a worker thread: the event loop, which gets
         # the GIL back every few ms, keeps answering other callers meanwhile (a maximal
         # request stalled them for seconds when every step ran on the loop).
@@ -169,12 +175,10 @@ class Scorer:
         run = asyncio.to_thread if n >= THREAD_RESPONSES else _inline
         comps = await run(plan, recipe, groups, scope.cache)
         if self.cache_enabled:
-            live = [c for c in comps if self.client.url(c.bound.spec) is not None]
-            await lookup(self.cache, self._pending, live, groups)
-        calls, failures = await run(self._calls, comps, groups)
+            await lookup(self.cache, self._pending, comps, groups)
+        calls = await run(self._calls, comps, groups)
         results = await asyncio.gather(*(self._call(c, scope) for c in calls))
         merged = await run(merge, comps, calls, results)
-        merged.failures[:0] = failures
         if not self.cache_enabled:
             merged.writes.clear()
         rewards, reward_errors = await run(weigh, comps, groups)
@@ -202,23 +206,14 @@ class Scorer:
             scope.progress.undo(where)  # no connection: nothing reached the component
         return result
 
-    def _calls(
-        self, comps: list[ComponentScores], groups: list[ScoreGroup]
-    ) -> tuple[list[Call], list[ArbiterError]]:
-        """The calls to make; a component whose service is not configured fails at once."""
-        out: list[Call] = []
-        failures: list[ArbiterError] = []
+    def _calls(self, comps: list[ComponentScores], groups: list[ScoreGroup]) -> list[Call]:
+        """The calls to make: each component's misses, in chunks."""
         limits = (self.client.settings.batch_groups, self.client.settings.batch_responses)
-        for comp in comps:
-            items = misses(comp, groups)
-            if self.client.url(comp.bound.spec) is None:
-                failure = not_configured(comp.bound.spec)
-                failures.append(failure)
-                for item in items:
-                    comp.fail(item, failure.kind, failure.message)
-                continue
-            out.extend(call(comp, chunk, groups) for chunk in chunks(items, *limits))
-        return out, failures
+        return [
+            call(comp, chunk, groups)
+            for comp in comps
+            for chunk in chunks(misses(comp, groups), *limits)
+        ]
 
     def remember(self, writes: list[tuple[str, str]]) -> None:
         """New scores, visible to this process's next lookups until ``store`` ran."""

@@ -1,4 +1,5 @@
-"""Gateway test helpers: GSM8K-shaped groups, and raw TCP servers for faults.
+"""Gateway test helpers: GSM8K-shaped groups, raw TCP servers for faults, and a gateway
+whose judge and embedding are configured but down.
 
 The raw servers are real sockets (not mocks): one never answers (a hung component, to
 cause a real timeout), one answers 200 with a body that is not the contract. Neither
@@ -17,6 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+
+from arbiter.procs import free_port
+from tests.conftest import start_service
 
 
 def gsm8k_groups(gsm8k_dir: Path, n: int, offset: int = 0) -> list[dict[str, Any]]:
@@ -136,3 +140,19 @@ def garbage_server() -> Iterator[RawServer]:
     server = RawServer(http_reply("200 OK", b'{"component": "x", "groups": "not a list"}'))
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def judge_down_url(log_dir: Path, verify_url: str, redis_url: str) -> Iterator[str]:
+    """A gateway whose judge and embedding services are configured but down (nothing
+    listens at their URLs): a fault, so their scores are null with kind ``unavailable``
+    (the session ``gateway_url`` has neither configured: its judge recipes are refused)."""
+    env = {
+        "GATEWAY_VERIFY_URL": verify_url,
+        "REDIS_URL": redis_url,
+        "GATEWAY_JUDGE_URL": f"http://127.0.0.1:{free_port()}",
+        "GATEWAY_EMBEDDING_URL": f"http://127.0.0.1:{free_port()}",
+    }
+    proc, url = start_service("gateway", log_dir, env)
+    yield url
+    proc.stop()

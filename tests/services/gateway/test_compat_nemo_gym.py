@@ -92,7 +92,9 @@ def test_nemo_gym_verify_echoes_the_request_with_reward_and_components(
     assert out["failure_kind"] is None and out["failure_reason"] is None
 
 
-def test_nemo_gym_reference_field_and_masking(gateway_url: str, item: tuple[str, str, int]) -> None:
+def test_nemo_gym_reference_field_and_masking(
+    gateway_url: str, judge_down_url: str, item: tuple[str, str, int]
+) -> None:
     question, answer_text, answer = item
     body = verify_body(question, "", f"The answer is {answer}.")
     del body["expected_answer"]
@@ -102,8 +104,8 @@ def test_nemo_gym_reference_field_and_masking(gateway_url: str, item: tuple[str,
     r = post(f"{url}?reference_field=gold", body)
     assert r.status_code == 200, r.text
     assert r.json()["reward_components"] == {"math_accuracy": 1.0, "format": 0.0}
-    # no judge behind this gateway: the reward is not a measurement, so mask_sample
-    r = post(f"{gateway_url}/v1/compat/nemo-gym/gsm8k-dj/verify?reference_field=gold", body)
+    # the judge is down: the reward is not a measurement, so mask_sample
+    r = post(f"{judge_down_url}/v1/compat/nemo-gym/gsm8k-dj/verify?reference_field=gold", body)
     assert r.status_code == 200, r.text
     out = r.json()
     assert out["mask_sample"] is True and out["reward"] == 0.0

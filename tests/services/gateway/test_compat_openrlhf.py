@@ -120,16 +120,16 @@ def test_openrlhf_wire_format_batch_and_errors(gateway_url: str, gsm8k_dir: Path
 
 
 def test_openrlhf_null_reward_is_an_error_unless_a_fill_value_is_named(
-    gateway_url: str, gsm8k_dir: Path
+    judge_down_url: str, gsm8k_dir: Path
 ) -> None:
-    """gsm8k-dj needs the judge, which this gateway does not have: judge_quality is null."""
+    """gsm8k-dj needs the judge, which is down behind this gateway: judge_quality is null."""
     question, label, answer = gsm8k_item(gsm8k_dir, 302)
     body = {
         "query": [f"{question}<answer>{answer}</answer><|im_end|>"],
         "prompts": [question],
         "labels": [label],
     }
-    url = f"{gateway_url}/v1/compat/openrlhf/gsm8k-dj"
+    url = f"{judge_down_url}/v1/compat/openrlhf/gsm8k-dj"
     r = post(url, body)
     # unavailable is retryable: 503, which OpenRLHF's client retries
     assert r.status_code == 503, r.text

@@ -76,9 +76,11 @@ def test_slime_remote_rm_reads_reward_and_components(
     assert out["reward"] == reward
 
 
-def test_slime_null_reward(gateway_url: str, item: tuple[str, str, int]) -> None:
+def test_slime_null_reward(
+    gateway_url: str, judge_down_url: str, item: tuple[str, str, int]
+) -> None:
     question, answer_text, answer = item
-    url = f"{gateway_url}/v1/compat/slime/gsm8k-dj"  # no judge here: judge_quality is null
+    url = f"{judge_down_url}/v1/compat/slime/gsm8k-dj"  # the judge is down: null
     status, out = call(url, question, f"<answer>{answer}</answer>", answer_text)
     assert status == 503 and out["error"]["code"] == "component_unavailable"
     status, out = call(f"{url}?null_reward=0", question, f"<answer>{answer}</answer>", answer_text)

@@ -177,16 +177,16 @@ def test_bad_recipes_file_stops_the_start(log_dir: Path, tmp_path: Path) -> None
 
 
 async def test_unconfigured_component(gateway_url: str) -> None:
-    # The session gateway has no GATEWAY_JUDGE_URL: judge_quality is null + masked, with a
-    # message saying which variable to set; math and format are still scored.
+    # The session gateway has no GATEWAY_JUDGE_URL: gsm8k-dj is refused before any work,
+    # in both on_error modes, with a 422 that says how to add the judge
+    # (tests/services/gateway/test_not_configured.py covers every entry point).
     body = {"recipe": "gsm8k-dj", "groups": [GOOD_GROUP]}
-    group = (await score(gateway_url, body)).json()["groups"][0]
-    assert group["components"]["judge_quality"] == [None] and group["masked"] == [True]
-    assert group["components"]["math_accuracy"] == [1.0]
-    (err,) = group["errors"]
-    assert err["kind"] == "unavailable" and "GATEWAY_JUDGE_URL" in err["message"]
-    r = await score(gateway_url, {**body, "on_error": "fail"})
-    assert r.status_code == 503 and "GATEWAY_JUDGE_URL" in r.json()["error"]["message"]
+    for mode in ("mask", "fail"):
+        r = await score(gateway_url, {**body, "on_error": mode})
+        assert r.status_code == 422, r.text
+        err = r.json()["error"]
+        assert err["code"] == "component_not_configured" and err["param"] == "recipe"
+        assert "judge_quality" in err["message"] and "GATEWAY_JUDGE_URL" in err["message"]
 
 
 async def test_partial_hits_and_duplicates_keep_info_aligned(gateway_url: str) -> None:

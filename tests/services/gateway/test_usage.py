@@ -66,7 +66,12 @@ def gateway(
 ) -> Iterator[str]:
     recipes = tmp_path_factory.mktemp("recipes") / "recipes.yaml"
     recipes.write_text(SHARED_RECIPES)
-    env = {"GATEWAY_JUDGE_URL": judge_url, "GATEWAY_RECIPES_FILE": str(recipes)}
+    env = {
+        "GATEWAY_JUDGE_URL": judge_url,
+        "GATEWAY_RECIPES_FILE": str(recipes),
+        # configured, nothing listens: diversity is null with kind unavailable (a fault)
+        "GATEWAY_EMBEDDING_URL": f"http://127.0.0.1:{free_port()}",
+    }
     proc, url = start_gateway(log_dir, verify_url, redis_url, keys, **env)
     yield url
     proc.stop()
@@ -85,7 +90,7 @@ def test_usage_counts_equal_what_was_sent(gateway: str, keys: Keys) -> None:
         _score(gateway, keys, "u1", "gsm8k", first),  # 6 responses, all new
         _score(gateway, keys, "u1", "gsm8k", groups(1, 4)),  # 4 more
         _score(gateway, keys, "u1", "gsm8k", first),  # the first again: 12 cache hits
-        _score(gateway, keys, "u1", "gsm8k-diverse", groups(1, 2)),  # no embedding service
+        _score(gateway, keys, "u1", "gsm8k-diverse", groups(1, 2)),  # the embedding is down
     ]
     day = usage(gateway, keys.headers("u1"))["days"]
     assert [d["team"] for d in day] == ["u1"]
