@@ -6,6 +6,11 @@
         out = client.score([{"prompt": q, "reference": "18", "responses": [r1, r2]}], "gsm8k")
         out.groups[0].rewards                  # [1.5, None]: None = could not score
 
+Before a long job, ``client.check_recipe("gsm8k-dj")`` (one ``GET /v1/recipes``) raises
+``NotConfigured`` when the gateway has not configured a component the recipe needs (no
+judge, no embedding), with the reason and how to add it; a scoring call with such a recipe
+is refused the same way (422 ``component_not_configured``), never retried.
+
 Retryable answers (429 honouring ``Retry-After``, 503, 504, other 5xx) and connection
 failures are retried with exponential backoff and jitter (``RetryPolicy``). Every scoring
 call sends one ``Idempotency-Key``, the same on each of its retries, so a gateway that saw
@@ -31,18 +36,34 @@ from typing import Any, Literal
 
 import httpx
 
-from arbiter.errors import ArbiterError, Timeout, Unavailable, from_response, is_retryable_status
+from arbiter.errors import (
+    ArbiterError,
+    NotConfigured,
+    Timeout,
+    Unavailable,
+    Unprocessable,
+    from_response,
+    is_retryable_status,
+)
 from arbiter.proto.common import Readiness
 from arbiter.proto.gateway import (
     Recipe,
+    RecipeInfo,
     RecipeList,
-    RecipeRef,
     ScoreGroup,
     ScoreRequest,
     ScoreResponse,
 )
 
-__all__ = ["DEFAULT_URL", "ArbiterClient", "ArbiterError", "RetryPolicy", "trl_reward"]
+__all__ = [
+    "DEFAULT_URL",
+    "ArbiterClient",
+    "ArbiterError",
+    "NotConfigured",
+    "RetryPolicy",
+    "recipe_problem",
+    "trl_reward",
+]
 
 log = logging.getLogger("arbiter.client")
 
@@ -117,6 +138,32 @@ def score_body(
         }
     )
     return req.model_dump(mode="json", exclude_defaults=False)
+
+
+def recipe_problem(listing: RecipeList, recipe: RecipeArg) -> ArbiterError | None:
+    """Why the gateway that answered ``listing`` (``GET /v1/recipes``) cannot serve
+    ``recipe``: ``NotConfigured`` (a component's service is not configured there), an
+    ``Unprocessable`` (``unknown_recipe``: not on the gateway, or not for this key); None
+    when it can."""
+    if isinstance(recipe, str):
+        found = {r.name: r for r in listing.recipes}
+        if recipe not in found:
+            known = ", ".join(found) or "none"
+            return Unprocessable(
+                f"recipe: {recipe!r} is not on the gateway for this key (it has: {known})",
+                param="recipe",
+                code="unknown_recipe",
+            )
+        info = found[recipe]
+        if not info.available:
+            return NotConfigured(info.reason or f"recipe {recipe!r} is not available")
+        return None
+    inline = recipe if isinstance(recipe, Recipe) else Recipe.model_validate(recipe)
+    for comp in inline.components:
+        why = listing.unconfigured.get(comp.name)
+        if why is not None:
+            return NotConfigured(f"recipe (inline): {why}")
+    return None
 
 
 class ArbiterClient:
@@ -295,14 +342,34 @@ class ArbiterClient:
         r = await self._arequest("POST", "/v1/score", self.retry, json=body, headers=headers)
         return ScoreResponse.model_validate_json(self._ok(r).content)
 
-    def recipes(self) -> list[RecipeRef]:
-        """The gateway's named recipes, with their fingerprints and weights."""
-        r = self._request("GET", "/v1/recipes", self.retry)
-        return RecipeList.model_validate_json(self._ok(r).content).recipes
+    def recipes(self) -> list[RecipeInfo]:
+        """The gateway's named recipes: fingerprints, weights, and whether each is
+        ``available`` on this deployment (else the ``reason``)."""
+        return self.recipe_list().recipes
 
-    async def arecipes(self) -> list[RecipeRef]:
+    async def arecipes(self) -> list[RecipeInfo]:
+        return (await self.arecipe_list()).recipes
+
+    def recipe_list(self) -> RecipeList:
+        """``GET /v1/recipes`` whole: the recipes and the components not configured."""
+        r = self._request("GET", "/v1/recipes", self.retry)
+        return RecipeList.model_validate_json(self._ok(r).content)
+
+    async def arecipe_list(self) -> RecipeList:
         r = await self._arequest("GET", "/v1/recipes", self.retry)
-        return RecipeList.model_validate_json(self._ok(r).content).recipes
+        return RecipeList.model_validate_json(self._ok(r).content)
+
+    def check_recipe(self, recipe: RecipeArg) -> None:
+        """Raise unless the gateway can serve ``recipe`` (``recipe_problem``): one
+        ``GET /v1/recipes``, for a start check before a long job."""
+        problem = recipe_problem(self.recipe_list(), recipe)
+        if problem is not None:
+            raise problem
+
+    async def acheck_recipe(self, recipe: RecipeArg) -> None:
+        problem = recipe_problem(await self.arecipe_list(), recipe)
+        if problem is not None:
+            raise problem
 
     def health(self) -> Readiness:
         """The gateway's ``/readyz`` (ready or not, with each check); one try, no retry.

@@ -25,7 +25,14 @@ A masked score comes back as ``None``, which TRL turns into NaN: with Arbiter's 
 alone, a completion with every function NaN is left out of its group's baseline. **Mixed
 with another reward function, TRL sums the functions with ``nansum``, so our ``None``
 counts as 0 for that completion** — use Arbiter's functions alone (or put the other
-reward into an Arbiter recipe) where that matters. A warning says so once per process.
+reward into an Arbiter recipe) where that matters. A warning says so once per process and
+kind of null, with the first reason.
+
+A recipe the gateway cannot serve (a component whose service it has not configured, e.g.
+``gsm8k-dj`` without a judge) stops the run at once: ``recipe_rewards`` checks it when it
+asks for the recipe, and the gateway refuses the first scoring call of an ``ArbiterReward``
+before any work (``arbiter.errors.NotConfigured``, 422, never retried); the message says
+what is missing and how to add it.
 """
 
 from __future__ import annotations
@@ -42,8 +49,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from arbiter.client import ArbiterClient, RecipeArg, score_body
+from arbiter.errors import NotConfigured
 from arbiter.integrations.text import completion_text, prompt_text
-from arbiter.proto.gateway import ScoreResponse
+from arbiter.proto.gateway import ScoreError, ScoreResponse
 
 __all__ = [
     "ArbiterReward",
@@ -69,7 +77,7 @@ DEFAULT_REFERENCE_COLUMN = "answer"
 _MEMO: OrderedDict[str, ScoreResponse] = OrderedDict()
 _MEMO_SIZE = 8
 _LOCK = threading.Lock()
-_warned_nansum = False
+_warned_kinds: set[str] = set()  # null kinds already warned about (once per process each)
 
 
 # -- TRL's batch → Arbiter groups ------------------------------------------------------------
@@ -274,7 +282,8 @@ class ArbiterReward:
             )
         if len(result) != hi - lo:
             raise RuntimeError(f"got {len(result)} rewards for {hi - lo} completions")
-        _warn_nansum(result)
+        if any(r is None for r in result):
+            _warn_nulls(result, _errors(plan, out, self.component))
         return result
 
     def _log(self, per_row: dict[str, list[float | None]], kwargs: dict[str, Any]) -> None:
@@ -332,17 +341,34 @@ def _memo_put(key: str, out: ScoreResponse) -> None:
             _MEMO.popitem(last=False)
 
 
-def _warn_nansum(result: list[float | None]) -> None:
-    global _warned_nansum
-    if _warned_nansum or all(r is not None for r in result):
+def _errors(plan: Plan, out: ScoreResponse, component: str | None) -> list[ScoreError]:
+    """The error entries of this rank's completions (of ``component`` when given)."""
+    lo, hi = plan.local
+    return [
+        e
+        for (a, _), group in zip(plan.groups, out.groups, strict=True)
+        for e in group.errors
+        if lo <= a + e.index < hi and (component is None or e.component == component)
+    ]
+
+
+def _warn_nulls(result: list[float | None], errors: list[ScoreError]) -> None:
+    """Once per process and kind: how many are None, the kind and its first reason."""
+    first = errors[0] if errors else None
+    kind = first.kind if first is not None else "unknown"
+    if kind in _warned_kinds:
         return
-    _warned_nansum = True
+    _warned_kinds.add(kind)
+    why = f"{first.component}: {first.message}" if first is not None else "no reason given"
     log.warning(
-        "Arbiter returned None (could not score) for %d of %d completions. TRL ignores a "
-        "completion only when every reward function gives None; mixed with another reward "
-        "function, TRL's nansum counts this None as 0 for it.",
+        "Arbiter returned None (could not score) for %d of %d completions, kind %r (%s; "
+        "retryable kinds are timeout and unavailable). TRL ignores a completion only when "
+        "every reward function gives None; mixed with another reward function, TRL's "
+        "nansum counts this None as 0 for it.",
         sum(r is None for r in result),
         len(result),
+        kind,
+        why[:500],
     )
 
 
@@ -350,12 +376,16 @@ def recipe_rewards(
     recipe: str, client: ArbiterClient | None = None, **kwargs: Any
 ) -> tuple[list[ArbiterReward], list[float]]:
     """One reward function per component of a named recipe, and the recipe's weights
-    (for ``GRPOConfig(reward_weights=…)``); the gateway is asked for the recipe once."""
+    (for ``GRPOConfig(reward_weights=…)``); the gateway is asked for the recipe once, and
+    ``NotConfigured`` (with the reason and how to fix it) is raised here when it cannot
+    serve it."""
     if client is None:
         client = ArbiterClient(kwargs.pop("base_url", None), api_key=kwargs.pop("api_key", None))
     found = {r.name: r for r in client.recipes()}
     if recipe not in found:
         raise ValueError(f"recipe {recipe!r} is not on the gateway; it has {sorted(found)}")
+    if not found[recipe].available:  # e.g. gsm8k-dj on a gateway without a judge
+        raise NotConfigured(found[recipe].reason or f"recipe {recipe!r} is not available")
     comps = found[recipe].components
     funcs = [ArbiterReward(c.name, recipe, client=client, **kwargs) for c in comps]
     return funcs, [c.weight for c in comps]

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from arbiter.client import ArbiterClient, ArbiterError, RetryPolicy, trl_reward
+from arbiter.client import ArbiterClient, ArbiterError, NotConfigured, RetryPolicy, trl_reward
 from arbiter.procs import free_port, service_process
 from arbiter.proto.gateway import GroupScore, RecipeComponent, RecipeRef, ScoreResponse, ScoreUsage
 
@@ -89,6 +89,32 @@ def test_recipes_and_health(gateway_url: str) -> None:
         assert recipes["gsm8k"].fingerprint.startswith("sha256:")
         health = client.health()
         assert health.ready and health.checks
+
+
+@pytest.mark.parametrize("recipe", ["gsm8k-dj", "gsm8k-verifier", "gsm8k-diverse"])
+def test_a_recipe_the_gateway_cannot_serve_is_not_configured(
+    gateway_url: str, recipe: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The session gateway has verify only: the refusal is raised once, never retried."""
+    with ArbiterClient(gateway_url) as client, caplog.at_level(logging.WARNING, "arbiter.client"):
+        listed = {r.name: r for r in client.recipes()}
+        assert listed["gsm8k"].available and not listed[recipe].available
+        for on_error in ("mask", "fail"):  # fail used to be a 503, retried 5 times
+            with pytest.raises(NotConfigured) as info:
+                client.score([GROUP], recipe, on_error)
+            assert info.value.status == 422 and not info.value.retryable
+            assert info.value.message.endswith(listed[recipe].reason or "?")
+        with pytest.raises(NotConfigured) as checked:
+            client.check_recipe(recipe)
+        assert checked.value.message == listed[recipe].reason
+        client.check_recipe("gsm8k")  # served: no error
+        inline = {"components": [{"name": "format"}, {"name": "judge_quality"}]}
+        with pytest.raises(NotConfigured, match=r"^recipe \(inline\): component 'judge_"):
+            client.check_recipe(inline)
+        with pytest.raises(ArbiterError, match="'nope' is not on the gateway") as unknown:
+            client.check_recipe("nope")
+        assert unknown.value.code == "unknown_recipe"
+    assert "retry" not in caplog.text
 
 
 def test_health_of_nothing_raises_unavailable() -> None:

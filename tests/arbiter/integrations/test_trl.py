@@ -25,7 +25,7 @@ from typing import Any
 import pytest
 
 from arbiter.client import ArbiterClient, RetryPolicy
-from arbiter.errors import ArbiterError
+from arbiter.errors import ArbiterError, NotConfigured
 from arbiter.integrations import trl as arbiter_trl
 from arbiter.integrations.trl import ArbiterReward, AsyncArbiterReward, recipe_rewards
 from arbiter.procs import free_port
@@ -178,7 +178,7 @@ def test_async_variant_on_trls_event_loop_thread(gateway_url: str) -> None:
 def test_masked_score_is_none_with_a_one_time_nansum_warning(
     gateway_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(arbiter_trl, "_warned_nansum", False)
+    monkeypatch.setattr(arbiter_trl, "_warned_kinds", set())
     reward = ArbiterReward(recipe="gsm8k", base_url=gateway_url)
     with caplog.at_level(logging.WARNING, "arbiter.integrations.trl"):
         for _ in range(2):
@@ -187,6 +187,31 @@ def test_masked_score_is_none_with_a_one_time_nansum_warning(
                             answer=["banana"]) == [None]  # fmt: skip
     warnings = [r.getMessage() for r in caplog.records if "nansum" in r.getMessage()]
     assert len(warnings) == 1 and "counts this None as 0" in warnings[0]
+    # the kind and the first reason, not just a count
+    assert "kind 'invalid_reference'" in warnings[0] and "math_accuracy: " in warnings[0]
+
+
+@pytest.mark.parametrize("recipe", ["gsm8k-dj", "gsm8k-verifier"])
+def test_a_judge_recipe_without_a_judge_stops_at_once(
+    gateway_url: str, recipe: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The session gateway has no judge: the first call is refused (no retries), and
+    recipe_rewards refuses when it asks for the recipe."""
+    before = score_requests(gateway_url)
+    for func in (ArbiterReward(recipe=recipe, base_url=gateway_url),
+                 AsyncArbiterReward(recipe=recipe, base_url=gateway_url)):  # fmt: skip
+        with (
+            caplog.at_level(logging.WARNING, "arbiter.client"),
+            pytest.raises(NotConfigured, match="--judge-base-url URL") as info,
+        ):
+            out = trl_call(func, PROMPTS, COMPLETIONS, answer=ANSWER)
+            if asyncio.iscoroutine(out):
+                asyncio.run(out)
+        assert not info.value.retryable and info.value.code == "component_not_configured"
+        assert "retry" not in caplog.text  # refused once, never retried
+    with pytest.raises(NotConfigured, match="GATEWAY_JUDGE_URL"):
+        recipe_rewards(recipe, base_url=gateway_url)
+    assert score_requests(gateway_url) == before  # nothing was scored
 
 
 def test_retries_a_gateway_that_is_not_there_yet() -> None:
