@@ -29,9 +29,18 @@ group components see whole groups. Prefer ``compute_score_async``: verl awaits i
 every sample of a chunk at once, while the sync one runs on verl's executor threads
 (min(32, CPUs + 4)) and so only that many samples can share a window.
 
-verl needs a number: a masked total (could not score) becomes ``masked_score`` (default
-0.0) with ``arbiter_masked`` = 1.0 beside it and a warning in the log; null components
-become NaN.
+verl needs a number: it writes ``score`` into the reward tensor at the response's last
+token, where ``None`` fails and a NaN spreads through its group's advantages into the
+loss. So a masked total (could not score) becomes ``masked_score`` (default 0.0) with
+``arbiter_masked`` = 1.0 beside it (verl logs it with the other keys), and a warning in the
+log names the kind and its first reason (once per kind); null components become NaN. A
+sample scored alone with a group component (``gsm8k-diverse``, no group key in
+``extra_info``) is such a masked sample: its diversity is null (``group_too_small``).
+
+A recipe the gateway cannot serve (a component whose service it has not configured, e.g.
+``gsm8k-dj`` without a judge) is refused on the first call, before any work
+(``arbiter.errors.NotConfigured``, 422, never retried): the call raises with the reason and
+how to add the component, and verl stops.
 
 Settings, from ``reward_kwargs`` or the environment: ``recipe`` (``ARBITER_RECIPE``),
 ``base_url`` (``ARBITER_URL``), ``api_key`` (``ARBITER_API_KEY``), ``masked_score``,
@@ -51,7 +60,7 @@ from typing import Any
 
 from arbiter.client import ArbiterClient
 from arbiter.integrations.text import prompt_text
-from arbiter.proto.gateway import ScoreResponse
+from arbiter.proto.gateway import ScoreError, ScoreResponse
 
 __all__ = ["compute_score", "compute_score_async"]
 
@@ -62,7 +71,7 @@ MAX_BATCH = 1024  # samples per gateway request from the window
 
 _CLIENTS: dict[tuple[str | None, str | None], ArbiterClient] = {}
 _LOCK = threading.Lock()
-_warned_masked = False
+_warned_kinds: set[str] = set()  # kinds of null already warned about (once per process each)
 
 
 @dataclass(frozen=True)
@@ -135,8 +144,8 @@ def request(samples: Sequence[Sample]) -> tuple[list[dict[str, Any]], list[tuple
 def results(
     out: ScoreResponse, where: list[tuple[int, int]], masked_score: float
 ) -> list[dict[str, Any]]:
-    global _warned_masked
     rows = []
+    errors: list[ScoreError] = []  # of the masked samples, in order
     for g, j in where:
         group = out.groups[g]
         total = group.rewards[j]
@@ -145,15 +154,36 @@ def results(
             row[name] = math.nan if scores[j] is None else scores[j]
         row["arbiter_masked"] = 1.0 if total is None else 0.0
         rows.append(row)
-    masked = sum(r["arbiter_masked"] for r in rows)
-    if masked and not _warned_masked:
-        _warned_masked = True
-        log.warning(
-            "Arbiter could not score %d of %d samples; verl needs a number, so they get "
-            "score=%s with arbiter_masked=1 (reward_kwargs.masked_score sets it)",
-            masked, len(rows), masked_score,
-        )  # fmt: skip
+        if total is None:
+            errors.extend(e for e in group.errors if e.index == j)
+    masked = int(sum(r["arbiter_masked"] for r in rows))
+    if masked:
+        _warn_masked(masked, len(rows), masked_score, errors)
     return rows
+
+
+# Why a kind happens with verl, where that is not obvious from the kind alone.
+HINTS = {
+    "group_too_small": "a group of one sample has no diversity: give every sample of a "
+    "prompt the same extra_info key (uid, group, index, prompt or question) and let them "
+    "arrive within window_ms (compute_score_async, or the batch manager)",
+}
+
+
+def _warn_masked(masked: int, n: int, masked_score: float, errors: list[ScoreError]) -> None:
+    """Once per process and kind: how many, the kind, its first reason, the fill value."""
+    first = errors[0] if errors else None
+    kind = first.kind if first is not None else "unknown"
+    if kind in _warned_kinds:
+        return
+    _warned_kinds.add(kind)
+    why = f"{first.component}: {first.message}" if first is not None else "no reason given"
+    hint = f"; {HINTS[kind]}" if kind in HINTS else ""
+    log.warning(
+        "Arbiter could not score %d of %d samples, kind %r (%s%s). verl needs a number, so "
+        "they get score=%s with arbiter_masked=1 (reward_kwargs.masked_score sets it)",
+        masked, n, kind, why[:500], hint, masked_score,
+    )  # fmt: skip
 
 
 def _batch(kw: dict[str, Any]) -> list[Sample] | None:

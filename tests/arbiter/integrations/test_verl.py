@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import logging
 import math
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -26,7 +27,8 @@ from typing import Any
 
 import pytest
 
-from arbiter.client import ArbiterClient
+from arbiter.client import ArbiterClient, NotConfigured
+from arbiter.integrations import verl as arbiter_verl
 
 Kw = dict[str, Any]
 
@@ -158,13 +160,44 @@ def test_masked_total_becomes_the_fill_value_and_is_flagged(gateway_url: str) ->
     assert math.isnan(got["math_accuracy"]) and got["format"] == 1.0
 
 
-def test_sample_without_group_key_is_scored_alone(diverse_gateway_url: str) -> None:
+def test_sample_without_group_key_is_scored_alone(
+    diverse_gateway_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(arbiter_verl, "_warned_kinds", set())
     fn = custom_reward_fn("compute_score", {"recipe": "gsm8k-diverse", "window_ms": 0,
                                             "base_url": diverse_gateway_url})  # fmt: skip
-    got = fn(data_source="x", solution_str="<think>1+1=2</think><answer>2</answer>",
-             ground_truth="2", extra_info=None)  # fmt: skip
+    with caplog.at_level(logging.WARNING, "arbiter.integrations.verl"):
+        got = fn(data_source="x", solution_str="<think>1+1=2</think><answer>2</answer>",
+                 ground_truth="2", extra_info=None)  # fmt: skip
     assert got["math_accuracy"] == 1.0 and math.isnan(got["diversity"])  # a group of one
     assert got["arbiter_masked"] == 1.0  # diversity is weighted, so the total is masked
+    assert got["score"] == 0.0  # verl needs a number: masked_score, flagged
+    # the warning says why: the kind, the component's reason, and what to do about it
+    (warning,) = [r.getMessage() for r in caplog.records if r.name == arbiter_verl.log.name]
+    assert "kind 'group_too_small'" in warning and "diversity: diversity needs" in warning
+    assert "same extra_info key" in warning and "score=0.0 with arbiter_masked=1" in warning
+
+
+@pytest.mark.parametrize("recipe", ["gsm8k-dj", "gsm8k-verifier"])
+@pytest.mark.parametrize("name", ["compute_score_async", "compute_score"])
+def test_a_judge_recipe_without_a_judge_stops_at_once(
+    gateway_url: str, recipe: str, name: str
+) -> None:
+    """The session gateway has no judge: the first call raises the refusal, for one sample
+    and for a batch; nothing is filled in with masked_score."""
+    fn = custom_reward_fn(name, {"recipe": recipe, "base_url": gateway_url})
+    rows = gsm8k_rows(1, 2)
+    with pytest.raises(NotConfigured, match="GATEWAY_JUDGE_URL") as info:
+        asyncio.run(_reward_loop(fn, rows, is_async=name.endswith("async")))
+    assert not info.value.retryable and "--judge-base-url URL" in info.value.message
+    batch = {"data_sources": [r["data_source"] for r in rows],
+             "solution_strs": [r["solution_str"] for r in rows],
+             "ground_truths": [r["ground_truth"] for r in rows],
+             "extra_infos": [r["extra_info"] for r in rows]}  # fmt: skip
+    with pytest.raises(NotConfigured, match=recipe):
+        out = fn(**batch)
+        if asyncio.iscoroutine(out):
+            asyncio.run(out)
 
 
 @pytest.mark.parametrize(
