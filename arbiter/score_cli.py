@@ -12,9 +12,12 @@ again with the same output to resume: ids already scored there are skipped, fail
 are tried again. At the end a summary: mean per component, masked responses, errors by
 kind, cache hits. Progress shows groups done of the file's total (resumed ones counted),
 the rate and the time left: a bar with ``rich`` installed (``pip install '.[cli]'`` in a
-checkout), a line every few seconds without it. Ctrl-C (SIGINT) or SIGTERM stops cleanly:
-what was scored stays written, the summary and "interrupted: N/M groups scored; run the
-same command to resume" are printed, and the exit status is 130.
+checkout), a line every few seconds without it. A recipe the gateway cannot serve (one
+that needs a component it has not configured, e.g. ``gsm8k-dj`` without a judge) stops
+the command at start with the reason and how to add it, before any group is sent.
+Ctrl-C (SIGINT) or SIGTERM stops cleanly: what was scored stays written, the summary and
+"interrupted: N/M groups scored; run the same command to resume" are printed, and the
+exit status is 130.
 """
 
 from __future__ import annotations
@@ -22,8 +25,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import signal
 import sys
+import textwrap
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -33,7 +38,7 @@ from typing import IO, Any
 
 from pydantic import ValidationError
 
-from arbiter.client import ArbiterClient, RecipeArg, RetryPolicy
+from arbiter.client import ArbiterClient, RecipeArg, RetryPolicy, recipe_problem
 from arbiter.errors import ArbiterError
 from arbiter.proto.gateway import ScoreGroup, ScoreResponse
 
@@ -195,14 +200,22 @@ async def score_file(
 ) -> None:
     recipe = load_recipe(args.recipe)
     async with _client(args) as client:
-        if isinstance(recipe, str):
-            try:
-                names = [r.name for r in await client.arecipes()]
-            except ArbiterError as exc:
-                raise SystemExit(f"arbiter score: {exc.message}") from exc
-            if recipe not in names:
-                raise SystemExit(f"arbiter score: recipe {recipe!r} is not on the gateway "
-                                 f"({', '.join(names)})")  # fmt: skip
+        # The start check: one GET /v1/recipes. A recipe the gateway does not have, or one
+        # that needs a component it has not configured (no judge), stops here with why.
+        try:
+            listing = await client.arecipe_list()
+        except ArbiterError as exc:
+            raise SystemExit(f"arbiter score: {exc.message}") from exc
+        names = [r.name for r in listing.recipes]
+        if isinstance(recipe, str) and recipe not in names:
+            raise SystemExit(f"arbiter score: recipe {recipe!r} is not on the gateway "
+                             f"({', '.join(names)})")  # fmt: skip
+        try:
+            problem = recipe_problem(listing, recipe)
+        except ValueError as exc:  # an inline recipe that does not validate
+            raise SystemExit(f"arbiter score: --recipe {args.recipe}: {exc}") from None
+        if problem is not None:
+            raise SystemExit(f"arbiter score: {problem.message}")
         todo = batches(read_input(Path(args.input), done), args.batch)
 
         async def worker() -> None:
@@ -361,9 +374,15 @@ def cmd_recipes(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([r.model_dump(mode="json") for r in recipes], indent=2))
         return 0
+    width = max(60, shutil.get_terminal_size().columns - 4)
     for r in recipes:
         parts = " + ".join(f"{c.weight:g}·{c.name}" for c in r.components)
-        print(f"{r.name:<20} {parts:<60} {r.fingerprint[:19]}…")
+        state = "available" if r.available else "NOT AVAILABLE"
+        print(f"{r.name:<20} {parts:<60} {r.fingerprint[:19]}…  {state}")
+        if not r.available:  # why, and how to add what is missing
+            print(textwrap.fill(r.reason or "", width, initial_indent="    ",
+                                subsequent_indent="    ", break_on_hyphens=False,
+                                break_long_words=False))  # fmt: skip
     return 0
 
 
@@ -401,7 +420,9 @@ def add_commands(sub: Any) -> None:
     common(p)
     p.set_defaults(func=cmd_score)
 
-    p = sub.add_parser("recipes", help="list the gateway's named recipes")
+    p = sub.add_parser(
+        "recipes", help="list the gateway's named recipes, each available here or not (and why)"
+    )
     p.add_argument("--json", action="store_true", help="as JSON")
     common(p)
     p.set_defaults(func=cmd_recipes)

@@ -120,6 +120,29 @@ def test_unreachable_gateway_and_unknown_recipe_exit_with_a_message(
               str(tmp_path / "o.jsonl"), "--url", gateway_url])  # fmt: skip
 
 
+@pytest.mark.parametrize("recipe", ["gsm8k-dj", "gsm8k-verifier", "inline"])
+def test_a_recipe_the_gateway_cannot_serve_stops_at_start(
+    gateway_url: str, tmp_path: Path, recipe: str
+) -> None:
+    """The session gateway has no judge: nothing is sent, nothing written, and the message
+    says what is missing and how to add it (it used to finish with every reward null)."""
+    if recipe == "inline":
+        path = tmp_path / "judged.yaml"
+        path.write_text("components: [{name: format}, {name: judge_quality}]\n")
+        recipe = str(path)
+    src = write(tmp_path / "in.jsonl", [group(i) for i in range(3)])
+    out = tmp_path / "out.jsonl"
+    before = score_requests(gateway_url)
+    with pytest.raises(SystemExit) as info:
+        main(["score", "--recipe", recipe, "--input", str(src), "--output", str(out),
+              "--url", gateway_url, "--quiet"])  # fmt: skip
+    message = str(info.value.code)
+    assert message.startswith("arbiter score: recipe ") and "GATEWAY_JUDGE_URL" in message
+    assert "--judge-base-url URL --judge-model NAME" in message
+    assert not out.exists() or out.read_text() == ""
+    assert score_requests(gateway_url) == before
+
+
 def test_inline_recipe_from_a_file_and_rich_output(
     gateway_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -138,10 +161,16 @@ def test_inline_recipe_from_a_file_and_rich_output(
 
 def test_recipes_health_and_version(gateway_url: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["recipes", "--url", gateway_url]) == 0
-    assert "1·math_accuracy + 0.5·format" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "1·math_accuracy + 0.5·format" in text
+    lines = {line.split()[0]: line for line in text.splitlines() if not line.startswith(" ")}
+    assert lines["gsm8k"].endswith("  available")
+    assert lines["gsm8k-dj"].endswith("NOT AVAILABLE")  # no judge on this gateway
+    assert "--judge-base-url URL" in " ".join(text.split())  # why, and how to add it
     assert main(["recipes", "--url", gateway_url, "--json"]) == 0
-    names = [r["name"] for r in json.loads(capsys.readouterr().out)]
-    assert "gsm8k" in names
+    listed = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert listed["gsm8k"]["available"] is True and listed["gsm8k-verifier"]["available"] is False
+    assert "judge_verifier" in listed["gsm8k-verifier"]["reason"]
     assert main(["health", "--url", gateway_url]) == 0
     assert f"{gateway_url}: ready" in capsys.readouterr().out
     assert main(["health", "--url", f"http://127.0.0.1:{free_port()}"]) == 2
