@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from arbiter.errors import InvalidRequest
 from arbiter.trainer.config import ConfigError, TrainerConfig, help_text
 
 
@@ -31,6 +32,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         train(cfg)
+    except InvalidRequest as e:  # the gateway refused the recipe or the key: one clear line
+        sys.stderr.write(f"arbiter.trainer: {e.message}\n")
+        return 2
     finally:
         if dist.is_initialized():  # torchrun: release the process group (NCCL warns otherwise)
             dist.destroy_process_group()

@@ -220,8 +220,9 @@ def wait_for_rewards(run: Run, pending: Pending, step: int) -> BatchRewards | No
         if kind not in run.seen_error_kinds:  # say it once per kind; counts go to the metrics
             run.seen_error_kinds.add(kind)
             log.warning(
-                "step %d: %d null reward(s) of kind %r (masked, advantage 0)", step, n, kind
-            )
+                "step %d: %d null reward(s) of kind %r (masked, advantage 0): %s",
+                step, n, kind, result.first_reason(kind),
+            )  # fmt: skip
     if result.fingerprint != run.fingerprint:
         if run.fingerprint:
             log.warning("recipe fingerprint changed: %s -> %s", run.fingerprint, result.fingerprint)

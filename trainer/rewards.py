@@ -11,7 +11,9 @@ retried with exponential backoff (at least a 429's ``Retry-After``: a team's quo
 retries run out the whole batch fails with ``RewardsUnavailable`` (an ``Unavailable``) and
 the trainer skips it (never trains on invented rewards). A 4xx other than 429 is a bug in
 the request or the recipe: the gateway's ``InvalidRequest`` (e.g. ``Unprocessable`` for an
-unknown recipe) is raised as it came, and stops the run.
+unknown recipe, ``NotConfigured`` for a recipe whose component the gateway has not
+configured) is raised as it came, and stops the run. ``check_recipe`` asks the same of
+``GET /v1/recipes`` once at start, before a model is loaded.
 
 Every group's request carries an ``Idempotency-Key`` (a fresh UUID), the same on each of
 its retries: a retry after a dropped connection gets the gateway's stored answer and is
@@ -34,6 +36,7 @@ from typing import Any
 
 import httpx
 
+from arbiter.client import ArbiterClient, RetryPolicy
 from arbiter.errors import (
     ArbiterError,
     BadResponse,
@@ -84,6 +87,14 @@ class BatchRewards:
                 counts[e["kind"]] = counts.get(e["kind"], 0) + 1
         return counts
 
+    def first_reason(self, kind: str) -> str:
+        """``component: message`` of the first null of ``kind`` (for the log)."""
+        for g in self.groups:
+            for e in g.errors:
+                if e["kind"] == kind:
+                    return f"{e['component']}: {e['message']}"[:500]
+        return "no reason given"
+
     def component_names(self) -> list[str]:
         names: dict[str, None] = {}
         for g in self.groups:
@@ -96,6 +107,30 @@ class BatchRewards:
             scores: list[float | None] = g.components.get(name) or [None] * len(g.rewards)
             out.extend(math.nan if s is None else float(s) for s in scores)
         return out
+
+
+def check_recipe(
+    base_url: str,
+    recipe: str | dict[str, Any] | Recipe,
+    *,
+    api_key: str = "",
+    timeout_s: float = 10.0,
+) -> None:
+    """The start check: one ``GET /v1/recipes``. A recipe the gateway cannot serve (unknown
+    there, or a component it has not configured: ``NotConfigured``) and a refused key raise
+    the gateway's ``InvalidRequest``, and the run stops before loading a model. A gateway
+    that cannot be reached only warns: the loop rides out an outage (batches skipped)."""
+    client = ArbiterClient(
+        base_url, api_key=api_key or None, timeout=timeout_s, retry=RetryPolicy(attempts=2)
+    )
+    try:
+        client.check_recipe(recipe)
+    except InvalidRequest:
+        raise
+    except ArbiterError as e:
+        log.warning("could not check the recipe at start (%s); starting anyway", e.message)
+    finally:
+        client.close()
 
 
 def _recipe(recipe: str | dict[str, Any] | Recipe) -> str | Recipe:

@@ -22,7 +22,7 @@ from arbiter.trainer.data import Problem, load_problems
 from arbiter.trainer.generation import Sampler
 from arbiter.trainer.grpo import allocate_state, build_optimizer
 from arbiter.trainer.metrics import RunLogger
-from arbiter.trainer.rewards import RewardClient
+from arbiter.trainer.rewards import RewardClient, check_recipe
 from arbiter.trainer.rollout import RolloutSpec
 from arbiter.trainer.sampling import SamplingParams
 from arbiter.trainer.setup import (
@@ -103,6 +103,10 @@ class Run:
 def build_run(cfg: TrainerConfig) -> Run:
     dist, device = init_distributed(cfg.device, cfg.cpu_threads)
     setup_logging(dist.main)
+    # before anything is loaded or written: a recipe the gateway cannot serve stops here
+    recipes = [cfg.recipe, cfg.eval_recipe] if cfg.eval_every else [cfg.recipe]
+    for recipe in [r for i, r in enumerate(recipes) if r not in recipes[:i]]:
+        check_recipe(cfg.gateway_url, recipe, api_key=cfg.api_key)
     precision = resolve_precision(cfg.precision, device)
     run_dir = prepare_run_dir(cfg, dist)
     if dist.main:

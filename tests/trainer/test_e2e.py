@@ -16,7 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from arbiter.errors import InvalidRequest
+from arbiter.errors import InvalidRequest, NotConfigured
 from arbiter.procs import free_port
 from arbiter.proto.gateway import ScoreGroup
 from arbiter.trainer.config import TrainerConfig
@@ -219,6 +219,8 @@ def test_null_rewards_get_zero_advantage(gateway_url: str) -> None:
     flat = result.flat()
     assert math.isnan(flat[0]) and math.isnan(flat[1]) and flat[2] == 1.5 and flat[3] == 0.0
     assert {e["kind"] for e in result.groups[0].errors} == {"invalid_reference"}
+    # what the step's warning quotes beside the kind
+    assert result.first_reason("invalid_reference").startswith("math_accuracy: ")
     adv = group_advantages(torch.tensor(flat), 2)
     assert adv[:2].tolist() == [0.0, 0.0] and adv[2] > 0 > adv[3]
 
@@ -275,3 +277,30 @@ def test_unknown_recipe_stops_the_run(
     )
     with pytest.raises(InvalidRequest, match="no-such-recipe"):
         train(cfg)
+
+
+@pytest.mark.parametrize("recipe", ["gsm8k-dj", "gsm8k-verifier"])
+def test_a_judge_recipe_without_a_judge_stops_at_start(
+    tiny_model: Path, gsm8k_dir: Path, gateway_url: str, tmp_path: Path, recipe: str
+) -> None:
+    """The session gateway has no judge: one clear line, no traceback, exit 2, before a
+    model is loaded or the run directory is made (it used to train on every reward null)."""
+    run = tmp_path / "run"
+    cmd = [
+        sys.executable, "-m", "arbiter.trainer", f"model={tiny_model}", f"data_dir={gsm8k_dir}",
+        f"run_dir={run}", f"gateway_url={gateway_url}", f"recipe={recipe}", "steps=1",
+        "device=cpu", "progress=false",
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"arbiter.trainer: recipe {recipe!r} needs the judge service")
+    assert "--judge-base-url URL --judge-model NAME" in last and "GATEWAY_JUDGE_URL" in last
+    assert not run.exists()
+    # an inline recipe, and the eval recipe, are checked the same way
+    inline = {"components": [{"name": "math_accuracy"}, {"name": "judge_quality"}]}
+    for kw in ({"recipe": inline}, {"eval_recipe": recipe, "eval_every": 1}):
+        cfg = _cfg(tiny_model, gsm8k_dir, tmp_path / "run2", gateway_url, plot=False, **kw)
+        with pytest.raises(NotConfigured, match="GATEWAY_JUDGE_URL"):
+            train(cfg)
