@@ -16,7 +16,7 @@ mkdir -p "$OUT"
 PY=${PY:-python3}
 ARGS=()
 [ "${SMALL:-0}" = 1 ] && ARGS+=(--small)
-timeout $(( ${LIMIT:-570} + 15 )) $PY -m bench.regress --budget ${LIMIT:-570} "${ARGS[@]}" "$@"
+timeout $(( ${LIMIT:-585} + 10 )) $PY -m bench.regress --budget ${LIMIT:-585} "${ARGS[@]}" "$@"
 rc=$?
-[ $rc = 124 ] && echo "regress: stopped at $(( ${LIMIT:-570} + 15 )) s (a part hung)"
+[ $rc = 124 ] && echo "regress: stopped at $(( ${LIMIT:-585} + 10 )) s (a part hung)"
 exit $rc
