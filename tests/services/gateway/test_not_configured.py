@@ -23,11 +23,12 @@ from tests.services.gateway.teams import Keys, groups, start_gateway, usage
 
 JUDGE_RECIPES = ("gsm8k-dj", "gsm8k-verifier")
 NEEDS = {"gsm8k-dj": "judge_quality", "gsm8k-verifier": "judge_verifier"}
+QUESTION, GOOD = "What is 17 + 1?", "<think>17 + 1</think><answer>18</answer>"
 GROUP = {
     "id": "q",
-    "prompt": "What is 17 + 1?",
+    "prompt": QUESTION,
     "reference": "18",
-    "responses": ["<think>17 + 1</think><answer>18</answer>", "<answer>19</answer>"],
+    "responses": [GOOD, "<answer>19</answer>"],
 }
 
 
@@ -77,7 +78,7 @@ def test_an_inline_recipe_is_refused_the_same_way(gateway_url: str) -> None:
 
 
 def compat_calls(base: str, recipe: str) -> list[tuple[str, dict[str, Any]]]:
-    question, response = GROUP["prompt"], GROUP["responses"][0]
+    question, response = QUESTION, GOOD
     nemo = {
         "responses_create_params": {"input": [{"role": "user", "content": question}]},
         "response": {
