@@ -130,7 +130,7 @@ def part_calc(a: argparse.Namespace, out: dict[str, Any]) -> None:
     w = a.work / "calc"
     w.mkdir(parents=True, exist_ok=True)
     shape = dict(hidden=64, layers=2, heads=1) if a.small else dict(hidden=256, layers=4, heads=4)
-    model = build(w / "model", a.corpus, **shape)  # type: ignore[arg-type]
+    model = build(w / "model", a.corpus, **shape)
     procs, url = _services(w, 2)
     rollouts = 16 if a.small else 64
     try:
@@ -189,7 +189,7 @@ def part_speed(a: argparse.Namespace, out: dict[str, Any]) -> None:
         "rc": rc or ours.get("error") or trl.get("error") or (0 if all(got) else "no result"),
         "ours_tokens_per_s": got[0],
         "trl_tokens_per_s": got[1],
-        "ratio": round(got[0] / got[1], 3) if all(got) else None,  # type: ignore[operator]
+        "ratio": round(got[0] / got[1], 3) if all(got) else None,
         "ours_s_per_step": ours.get("s_per_step"),
         "trl_s_per_step": trl.get("s_per_step_steady"),
         "ours_peak_GiB": ours.get("max_allocated_GiB"),
@@ -208,7 +208,7 @@ def part_embed(a: argparse.Namespace, out: dict[str, Any]) -> None:
                 "--batch-sizes", "512", "--model", str(a.embedding_model)]  # fmt: skip
     rc = run(cmd, a.out / "embed.log", 150 if a.small else 100)
     res = _read(js)
-    svc = next(iter(res.get("service", {}).values()), {})
+    svc: dict[str, Any] = next(iter(res.get("service", {}).values()), {})
     out["embed"] = {
         "rc": rc if rc else (0 if svc else "no result"),
         "texts_per_s": round(svc["texts_per_s"], 1) if svc else None,
@@ -307,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         todo = [x for x in todo if x not in ("learn", "calc")]
     for part in todo:
         _guarded(fns[part], a, got, part)
-    ordered = {k: got[k] for k in ("learn", "calc", "speed", "embed") if k in got}
+    ordered: dict[str, Any] = {k: got[k] for k in ("learn", "calc", "speed", "embed") if k in got}
     base_path = a.baseline or REPO / "bench" / "results" / f"regress_{_slug(name)}.json"
     base = _read(base_path)
     rec = base.get("figures", {}) if base.get("card") == name and not a.small else {}

@@ -70,7 +70,7 @@ def _backward_compiled_with_forward() -> contextlib.AbstractContextManager[Any]:
     fails to compile would fail in ``loss.backward()``, outside the fallback)."""
     config = torch._functorch.config
     if hasattr(config, "force_non_lazy_backward_lowering"):
-        return config.patch(force_non_lazy_backward_lowering=True)  # type: ignore[no-any-return]
+        return config.patch(force_non_lazy_backward_lowering=True)
     return contextlib.nullcontext()
 
 
