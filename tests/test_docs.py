@@ -15,9 +15,10 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import get_args
+from typing import Any, get_args
 
 import pytest
 import yaml
@@ -70,13 +71,24 @@ def _nav_pages(node: object) -> list[str]:
     return []
 
 
+def _mkdocs_config() -> dict[str, Any]:
+    """mkdocs.yml, its ``!!python/name:`` tags (superfences' Mermaid fence) read as strings."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_multi_constructor("tag:yaml.org,2002:python/", lambda ld, tag, node: tag)
+    config: dict[str, Any] = yaml.load((REPO / "mkdocs.yml").read_text(), Loader=Loader)
+    return config
+
+
 def test_readme_is_at_most_250_lines() -> None:
     lines = (REPO / "README.md").read_text().splitlines()
     assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail into docs/"
 
 
 def test_every_docs_page_is_in_the_nav() -> None:
-    nav = _nav_pages(yaml.safe_load((REPO / "mkdocs.yml").read_text())["nav"])
+    nav = _nav_pages(_mkdocs_config()["nav"])
     pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
     assert sorted(pages - set(nav)) == [], "pages missing from mkdocs.yml's nav"
     assert sorted(set(nav) - pages) == [], "nav entries without a page"
@@ -155,3 +167,120 @@ def test_every_metric_is_documented() -> None:
     assert names, "no Arbiter metrics registered"
     missing = sorted(n for n in names if n not in text)  # counters are listed with _total
     assert missing == [], f"metrics missing from docs/operations/metrics.md: {missing}"
+
+
+# -- the site in a real browser ---------------------------------------------------------------
+CHROMIUM = "/usr/bin/chromium"  # Debian's package (make setup); Playwright downloads nothing
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SCREENSHOTS = REPO / "artifacts" / "docs"  # git-ignored; look at them after a change
+
+# Material renders a diagram into a *closed* shadow root; opened here so the test can see it.
+OPEN_SHADOW_ROOTS = """
+const attach = Element.prototype.attachShadow;
+Element.prototype.attachShadow = function (init) {
+  return attach.call(this, {...init, mode: "open"});
+};
+"""
+
+PAGE_STATE = """() => ({
+  broken: Array.from(document.images).filter(i => !i.complete || i.naturalWidth === 0)
+    .map(i => i.getAttribute("src")),
+  images: document.querySelectorAll("article img").length,
+  sources: document.querySelectorAll("pre.mermaid, div.mermaid").length,
+  diagrams: Array.from(document.querySelectorAll("div.mermaid"))
+    .map(d => d.shadowRoot ? d.shadowRoot.querySelectorAll("svg .node").length : -1),
+})"""
+
+
+@pytest.fixture(scope="module")
+def served(site: Path) -> Iterator[str]:
+    import functools
+    import http.server
+    import threading
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    handler = functools.partial(Quiet, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_every_page_renders_in_chromium(site: Path, served: str) -> None:
+    """Every built page in headless Chromium: no console error, no failed or off-site
+    request (the site must work offline), no broken image, and each Mermaid diagram an SVG
+    with its nodes. Pages with pictures are screenshotted into artifacts/docs/."""
+    from playwright.sync_api import ConsoleMessage, Request, Response, sync_playwright
+
+    assert Path(CHROMIUM).exists(), f"{CHROMIUM} missing: `make setup` installs Debian's chromium"
+    assert (site / "assets/javascripts/mermaid.min.js").is_file(), "run `make mermaid`"
+    pages = sorted(p.parent.relative_to(site).as_posix() for p in site.rglob("index.html"))
+    assert len(pages) >= 20, pages
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    problems: list[str] = []
+    pictured: dict[str, dict[str, Any]] = {}
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
+        context = browser.new_context(viewport={"width": 1280, "height": 900})
+        context.add_init_script(OPEN_SHADOW_ROOTS)
+        page = context.new_page()
+        where = [""]
+
+        def console(msg: ConsoleMessage) -> None:
+            if msg.type == "error":
+                problems.append(f"{where[0]}: console error: {msg.text}")
+
+        def response(r: Response) -> None:
+            if r.status >= 400:
+                problems.append(f"{where[0]}: {r.status} {r.url}")
+
+        def request(r: Request) -> None:
+            if not r.url.startswith((served, "data:", "blob:")):
+                problems.append(f"{where[0]}: off-site request {r.url}")
+
+        page.on("console", console)
+        page.on("pageerror", lambda e: problems.append(f"{where[0]}: page error: {e}"))
+        page.on("response", response)
+        page.on("request", request)
+        page.on("requestfailed", lambda r: problems.append(f"{where[0]}: failed {r.url}"))
+        for path in pages:
+            where[0] = path or "/"
+            page.goto(f"{served}/{path}/" if path else f"{served}/", wait_until="load")
+            if page.locator("pre.mermaid, div.mermaid").count():
+                # Material swaps each source block for a div holding the rendered SVG.
+                page.wait_for_function(
+                    "() => !document.querySelector('pre.mermaid') && Array.from("
+                    "document.querySelectorAll('div.mermaid')).every(d => d.shadowRoot &&"
+                    " d.shadowRoot.querySelector('svg'))",
+                    timeout=15_000,
+                )
+            state = page.evaluate(PAGE_STATE)
+            if state["broken"]:
+                problems.append(f"{where[0]}: broken images {state['broken']}")
+            if state["images"] or state["sources"]:
+                pictured[where[0]] = state
+                name = (path or "index").replace("/", "_")
+                page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+                for i, diagram in enumerate(page.locator("div.mermaid").all()):
+                    diagram.screenshot(path=str(SCREENSHOTS / f"{name}.diagram{i}.png"))
+        browser.close()
+    assert problems == [], "\n".join(problems)
+    gateway = pictured.get("services/gateway")
+    assert gateway is not None, f"no picture on services/gateway: {sorted(pictured)}"
+    # the lifecycle diagram: admission's five checks, plan, lookup, fan-out, three services,
+    # vLLM, merge, render, settle, and the two ends
+    assert gateway["diagrams"] and min(gateway["diagrams"]) >= 15, gateway
