@@ -66,6 +66,9 @@ CHUNK_SECONDS = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 ITEMS_RUN = Counter("verify_pool_items_run_total", "Items a pool worker started scoring.")
+ITEMS_QUEUED = Gauge(
+    "verify_pool_items_queued", "Items waiting in the pool's queue, not yet sent to a worker."
+)
 YIELDS = Counter(
     "verify_pool_yields_total",
     "Chunks a worker handed back early so that other requests' items could run.",
@@ -140,6 +143,7 @@ class WorkerPool:
         if start_method == "forkserver":
             self._ctx.set_forkserver_preload(["arbiter.services.verify.warmup"])
         self._queue = FairQueue(team_weights)
+        ITEMS_QUEUED.set_function(lambda: self._queue.queued)  # the process's (one) pool
         self._workers: list[_Worker | None] = [None] * size
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False

@@ -63,11 +63,21 @@ async def test_second_client_answered_within_one_deadline(strict_url: str) -> No
     await _settle(strict_url)
 
 
+PLUG_DEADLINE_S = 10.0
+
+
 @pytest.fixture(scope="module")
 def one_worker_url(log_dir: Path) -> Iterator[str]:
     """One worker, chunks of MIN_SHARE items, the fast path off: a queue that is mostly
-    waiting (not sent to the worker), where its order decides who runs next."""
-    env = {"VERIFY_WORKERS": "1", "VERIFY_MAX_CHUNK": str(MIN_SHARE), "VERIFY_FAST_PATH": "false"}
+    waiting (not sent to the worker), where its order decides who runs next. A ``STUCK``
+    item holds the worker for PLUG_DEADLINE_S (math-verify's own timeout is above it)."""
+    env = {
+        "VERIFY_WORKERS": "1",
+        "VERIFY_MAX_CHUNK": str(MIN_SHARE),
+        "VERIFY_FAST_PATH": "false",
+        "VERIFY_DEADLINE_S": str(PLUG_DEADLINE_S),
+        "VERIFY_MATH_VERIFY_TIMEOUT_S": "60",
+    }
     proc, url = start_service("verify", log_dir, env)
     yield url
     proc.stop()
@@ -76,34 +86,53 @@ def one_worker_url(log_dir: Path) -> Iterator[str]:
 async def test_another_team_waits_for_the_running_items_not_for_a_flooding_team(
     one_worker_url: str,
 ) -> None:
-    # Team a sends 70 concurrent requests of 6 slow items (math-verify proves an identity,
-    # tens of ms each): one sample per POST, as OpenRLHF and slime send. Team b's 1-item
-    # request, sent while they run, waits for the chunk running then to be handed back,
-    # not for a's queued items: counted in items the pool ran between b's send and b's
-    # answer. (The queue's order itself is checked exactly in test_queue.py and
-    # test_pool.py; this is the same over HTTP, the team read from the gateway's header.)
+    # Team a floods the pool with 300 concurrent requests of MIN_SHARE slow items
+    # (math-verify proves an identity, tens of ms each; OpenRLHF and slime post one sample
+    # per request, hundreds at once) while a third team's STUCK item holds the only
+    # worker: none of a's items has run when team b sends one item. Shared per team, b's
+    # request leads the next chunk: it waits for the plug and at most MIN_SHARE of a's
+    # items. Shared per request only, b's new request would queue behind every request of
+    # a that arrived before it and was never taken (the least charged first, ties by
+    # arrival; each chunk taken charges one of a's requests, and a worker that hands its
+    # chunks back runs one item or more per DEPTH chunks): some 70 of a's items, 20 with
+    # 70 requests. So sending b's request as team a fails this test. Counted in items the
+    # pool ran between b's send and b's answer. (The queue's order itself is checked
+    # exactly in test_queue.py and test_pool.py; this is the same over HTTP, the team
+    # read from the gateway's header.)
     url = one_worker_url
-    slow = [f"<answer>\\sin^2(x+{i})+\\cos^2(x+{i})</answer>" for i in range(6)]
-    limits = httpx.Limits(max_connections=80)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
+    requests, size = 300, MIN_SHARE
+    slow = [f"<answer>\\sin^2(x+{i})+\\cos^2(x+{i})</answer>" for i in range(size)]
+    limits = httpx.Limits(max_connections=requests + 10)
+    async with httpx.AsyncClient(base_url=url, timeout=300, limits=limits) as client:
+        run0 = await asyncio.to_thread(metric, url, "verify_pool_items_run_total")
+        plug = asyncio.create_task(
+            client.post("/v1/math", json=_body("3", [STUCK]), headers={TEAM_HEADER: "p"})
+        )
+        await asyncio.sleep(0.5)  # the plug first (if a's flood came first, the check fails)
         flood = [
             asyncio.create_task(
                 client.post("/v1/math", json=_body("1", slow), headers={TEAM_HEADER: "a"})
             )
-            for _ in range(70)
+            for _ in range(requests)
         ]
-        for _ in range(600):  # until a's items are running
-            if metric(url, "verify_pool_items_run_total") >= 4:
+        # until all of a's items wait (up to the DEPTH - 1 chunks sent behind the plug)
+        queued = 0.0
+        for _ in range(1200):
+            queued = await asyncio.to_thread(metric, url, "verify_pool_items_queued")
+            if queued >= requests * size - 4 * MIN_SHARE:
                 break
             await asyncio.sleep(0.05)
-        ran0 = metric(url, "verify_pool_items_run_total")
+        ran0 = await asyncio.to_thread(metric, url, "verify_pool_items_run_total")
+        # the check can discriminate only if none of a's items has run yet
+        assert ran0 == run0 and not plug.done(), "a's items ran before b was sent"
         r = await client.post("/v1/math", json=_body("2", ["<answer>2</answer>"]),
                               headers={TEAM_HEADER: "b"})  # fmt: skip
-        ran = metric(url, "verify_pool_items_run_total") - ran0
+        ran = await asyncio.to_thread(metric, url, "verify_pool_items_run_total") - ran0
         assert r.json()["groups"][0]["scores"] == [1.0]
-        for t in flood:
+        for t in [plug, *flood]:
             t.cancel()
-    assert ran <= MIN_SHARE, f"b's item waited for {ran} of a's items"
+    # the plug, then at most one chunk of a's
+    assert ran <= 1 + MIN_SHARE, f"b's item waited for {ran:.0f} items ({queued:.0f} queued)"
 
 
 async def test_disconnected_client_items_not_run(strict_url: str) -> None:
