@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+import yaml
+
 from arbiter.errors import InvalidRequest
-from arbiter.trainer.config import ConfigError, TrainerConfig, help_text
+from arbiter.trainer.config import ConfigError, RunError, TrainerConfig, help_text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,8 +26,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         cfg = TrainerConfig.load(args.config, args.overrides)
-    except (ConfigError, FileNotFoundError) as e:
-        parser.exit(2, f"config error: {e}\n")
+    except (ConfigError, FileNotFoundError, yaml.YAMLError) as e:  # one line, no traceback
+        parser.exit(2, f"config error: {' '.join(str(e).split())}\n")
     import torch.distributed as dist
 
     from arbiter.trainer.loop import train
@@ -35,6 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     except InvalidRequest as e:  # the gateway refused the recipe or the key: one clear line
         sys.stderr.write(f"arbiter.trainer: {e.message}\n")
         return 2
+    except RunError as e:  # run_dir in use, no model there, gateway unreachable: one line
+        sys.stderr.write(f"arbiter.trainer: {e}\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write(
+            f"\narbiter.trainer: interrupted; resume=true run_dir={cfg.run_dir} continues "
+            "from the last checkpoint\n"
+        )
+        return 130
     finally:
         if dist.is_initialized():  # torchrun: release the process group (NCCL warns otherwise)
             dist.destroy_process_group()

@@ -25,7 +25,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from arbiter.trainer.config import RunError
 from arbiter.trainer.parallel import is_sharded
+from arbiter.trainer.setup import no_progress_bars
 
 log = logging.getLogger(__name__)
 SHARDED = "sharded"
@@ -77,13 +79,14 @@ def save(
         if path.exists():
             shutil.rmtree(path)
         path.mkdir(parents=True)
-        tokenizer.save_pretrained(path)
         state = {"step": step, "scheduler": scheduler.state_dict(), **extra}
-        if sharded:
-            model.config.save_pretrained(path)
-        else:
-            model.save_pretrained(path)
-            state["optimizer"] = optimizer.state_dict()
+        with no_progress_bars():  # no "Writing model shards" bar per checkpoint
+            tokenizer.save_pretrained(path)
+            if sharded:
+                model.config.save_pretrained(path)
+            else:
+                model.save_pretrained(path)
+                state["optimizer"] = optimizer.state_dict()
         torch.save(state, path / "trainer_state.pt")
     dist.barrier()
     if sharded:
@@ -109,7 +112,7 @@ def check_layout(path: Path, *, sharded: bool) -> None:
     """Refuse to resume a sharded checkpoint without FSDP, or a replicated one with it."""
     if (path / SHARDED).exists() != sharded:
         was = "with fsdp=true" if (path / SHARDED).exists() else "without fsdp"
-        raise RuntimeError(f"{path} was saved {was}: resume with the same fsdp setting")
+        raise RunError(f"{path} was saved {was}: resume with the same fsdp setting")
 
 
 def load(path: Path, model: Any, optimizer: torch.optim.Optimizer, rank: int) -> dict[str, Any]:

@@ -26,6 +26,12 @@ class ConfigError(ValueError):
     """A setting that cannot work; the message says how to fix it."""
 
 
+class RunError(RuntimeError):
+    """A run that cannot start or go on for a reason the user can fix (a run_dir that holds a
+    run, a model that is not there, a gateway that stays unreachable); the message says how.
+    The CLI prints it as one line, without a traceback."""
+
+
 @dataclass
 class TrainerConfig:
     # --- model and data

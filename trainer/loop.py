@@ -27,14 +27,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from tqdm.contrib.logging import logging_redirect_tqdm
 
 from arbiter.proto.gateway import ScoreGroup
-from arbiter.trainer.config import TrainerConfig
+from arbiter.trainer.config import RunError, TrainerConfig
 from arbiter.trainer.data import batch_indices
 from arbiter.trainer.env import rollout_batch
 from arbiter.trainer.evaluate import evaluate
 from arbiter.trainer.grpo import group_advantages
-from arbiter.trainer.metrics import plot_curves, reduce_record, step_metrics
+from arbiter.trainer.metrics import plot_curves, reduce_record, run_summary, step_metrics
 from arbiter.trainer.parallel import gathered
 from arbiter.trainer.rewards import BatchRewards, RewardsUnavailable
 from arbiter.trainer.rollout import Rollout, sequence_logprobs
@@ -45,11 +46,18 @@ log = logging.getLogger("trainer")
 
 
 def train(cfg: TrainerConfig) -> dict[str, Any]:
-    """Run GRPO as ``cfg`` says; returns the last step's (rank-averaged) metrics."""
+    """Run GRPO as ``cfg`` says; returns the last step's (rank-averaged) metrics.
+
+    Steps are counted from 1 everywhere (log lines, warnings, metrics.jsonl, checkpoint
+    names): step n is the n-th optimizer update; eval "at step n" follows it (0: before any).
+    """
     run = build_run(cfg)
-    with contextlib.closing(run):  # rewards thread and progress bar closed however it ends
+    # log lines go above the progress bar (tqdm.write), never glued to it
+    with logging_redirect_tqdm(), contextlib.closing(run):  # rewards thread and bar closed
         summary = _loop(run)
     run.dist.barrier()
+    if run.dist.main:
+        log.info("%s", run_summary(run.run_dir, plotted=cfg.plot))
     return summary
 
 
@@ -204,14 +212,15 @@ def wait_for_rewards(run: Run, pending: Pending, step: int) -> BatchRewards | No
     try:
         result = pending.rewards.result()
     except RewardsUnavailable as e:
-        log.warning("step %d: batch skipped, no rewards: %s", step, e)
+        log.warning("step %d: batch skipped, no rewards: %s", step + 1, e)
     if run.dist.any(result is None, run.device):
         run.skipped_in_row += 1
         run.logger.write({"kind": "skip", "step": step + 1, "reason": "rewards unavailable"})
         if run.skipped_in_row > run.cfg.max_skipped_batches:
-            raise RuntimeError(
+            raise RunError(
                 f"{run.skipped_in_row} batches in a row without rewards: "
-                f"is the gateway at {run.cfg.gateway_url} up?"
+                f"is the gateway at {run.cfg.gateway_url} up? (`arbiter up` starts one; "
+                "resume=true continues from the last checkpoint)"
             )
         return None
     assert result is not None
@@ -221,11 +230,14 @@ def wait_for_rewards(run: Run, pending: Pending, step: int) -> BatchRewards | No
             run.seen_error_kinds.add(kind)
             log.warning(
                 "step %d: %d null reward(s) of kind %r (masked, advantage 0): %s",
-                step, n, kind, result.first_reason(kind),
+                step + 1, n, kind, result.first_reason(kind),
             )  # fmt: skip
     if result.fingerprint != run.fingerprint:
         if run.fingerprint:
-            log.warning("recipe fingerprint changed: %s -> %s", run.fingerprint, result.fingerprint)
+            log.warning(
+                "step %d: recipe fingerprint changed: %s -> %s",
+                step + 1, run.fingerprint, result.fingerprint,
+            )  # fmt: skip
         run.fingerprint = result.fingerprint
         run.logger.write(
             {

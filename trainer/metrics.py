@@ -124,6 +124,50 @@ def plot_curves(run_dir: Path) -> Path | None:
     return out
 
 
+def run_summary(run_dir: Path, *, plotted: bool = True) -> str:
+    """The end-of-run summary (from metrics.jsonl, so a resumed run's earlier steps count):
+    steps, reward first -> last (means over the first and the last few steps), held-out
+    accuracy first -> last, and where the curves, metrics and checkpoints are."""
+    records = read_metrics(run_dir / "metrics.jsonl")
+    train = [r for r in records if r.get("kind") == "train"]
+    evals = [r for r in records if r.get("kind") == "eval" and r.get("eval/accuracy") is not None]
+    skipped = sum(1 for r in records if r.get("kind") == "skip")
+    head = f"run finished: {len(train)} step(s) trained"
+    lines = [head + (f", {skipped} skipped" if skipped else "")]
+    rewards = [(r["step"], r.get("reward/mean")) for r in train]
+    rewards = [(s, x) for s, x in rewards if x is not None]
+    if rewards:
+        k = min(5, max(1, len(rewards) // 3))
+        first, last = rewards[:k], rewards[-k:]
+        lines.append(
+            f"  reward     {_avg(first):.3f} -> {_avg(last):.3f}  (mean of steps "
+            f"{_span(first)} -> {_span(last)})"
+        )
+    if evals:
+        a, b = evals[0], evals[-1]
+        lines.append(
+            f"  held-out   {a['eval/accuracy']:.3f} -> {b['eval/accuracy']:.3f}  "
+            f"(greedy accuracy at step {a['step']} -> {b['step']})"
+        )
+    curves = run_dir / "curves.png"
+    if plotted and curves.exists():
+        lines.append(f"  curves     {curves}")
+    lines.append(f"  metrics    {run_dir / 'metrics.jsonl'}")
+    ckpts = sorted(p for p in (run_dir / "checkpoints").glob("step-*") if (p / "done").exists())
+    if ckpts:
+        lines.append(f"  checkpoint {ckpts[-1]}  (resume=true continues from it)")
+    return "\n".join(lines)
+
+
+def _avg(pairs: list[tuple[int, float]]) -> float:
+    return sum(x for _, x in pairs) / len(pairs)
+
+
+def _span(pairs: list[tuple[int, float]]) -> str:
+    lo, hi = pairs[0][0], pairs[-1][0]
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
 def _mean_std(xs: list[float]) -> tuple[float, float]:
     ok = [x for x in xs if not math.isnan(x)]
     if not ok:

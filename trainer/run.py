@@ -27,6 +27,7 @@ from arbiter.trainer.rollout import RolloutSpec
 from arbiter.trainer.sampling import SamplingParams
 from arbiter.trainer.setup import (
     Dist,
+    check_model_path,
     init_distributed,
     load_model,
     load_tokenizer,
@@ -103,6 +104,7 @@ class Run:
 def build_run(cfg: TrainerConfig) -> Run:
     dist, device = init_distributed(cfg.device, cfg.cpu_threads)
     setup_logging(dist.main)
+    check_model_path(cfg.model)
     # before anything is loaded or written: a recipe the gateway cannot serve stops here
     recipes = [cfg.recipe, cfg.eval_recipe] if cfg.eval_every else [cfg.recipe]
     for recipe in [r for i, r in enumerate(recipes) if r not in recipes[:i]]:
@@ -156,7 +158,7 @@ def build_run(cfg: TrainerConfig) -> Run:
         sched.load_state_dict(state["scheduler"])
         checkpoint.restore_rng(state)
         start_step, fingerprint = int(state["step"]), state.get("recipe_fingerprint", "")
-        log.info("resumed from %s at step %d", resume_from, start_step)
+        log.info("resumed from %s: next step %d", resume_from, start_step + 1)
     sampler = Sampler(
         policy, compile=None if cfg.compile_sampler else False, keep_cache=cfg.sampler_keep_cache
     )

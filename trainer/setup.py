@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,7 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
-from arbiter.trainer.config import TrainerConfig
+from arbiter.trainer.config import RunError, TrainerConfig
 
 log = logging.getLogger("trainer")
 
@@ -52,7 +54,7 @@ def init_distributed(device_pref: str, cpu_threads: int = 0) -> tuple[Dist, torc
     local = int(os.environ.get("LOCAL_RANK", "0"))
     cuda = torch.cuda.is_available() and device_pref in ("auto", "cuda")
     if device_pref == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but no GPU is visible; set device=cpu or device=auto")
+        raise RunError("device=cuda but no GPU is visible; set device=cpu or device=auto")
     device = torch.device("cuda", local) if cuda else torch.device("cpu")
     if not cuda and cpu_threads > 0:
         torch.set_num_threads(cpu_threads)
@@ -77,6 +79,20 @@ def resolve_precision(precision: str, device: torch.device) -> str:
     return precision
 
 
+@contextlib.contextmanager
+def no_progress_bars() -> Iterator[None]:
+    """transformers' (and huggingface_hub's) tqdm bars off for the block, then as they were."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
 def load_model(
     path: str | Path,
     device: torch.device,
@@ -93,9 +109,10 @@ def load_model(
     # bf16-mixed keeps fp32 master weights for the policy; the frozen reference needs no
     # master copy, so it is held in bf16 whenever the policy computes in bf16.
     bf16 = precision == "bf16" or (precision == "bf16-mixed" and not trainable)
-    model: Any = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=torch.bfloat16 if bf16 else torch.float32
-    )
+    with no_progress_bars():  # no "Loading weights" bar
+        model: Any = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=torch.bfloat16 if bf16 else torch.float32
+        )
     model = model.to(device=device)
     if trainable:
         model.train()
@@ -135,10 +152,30 @@ def kept_layers(n: int, keep: int) -> list[int]:
     return sorted({i * n // keep for i in range(keep)}) if keep else []
 
 
+def check_model_path(model: str) -> None:
+    """A model given as a path (absolute, ./, ../ or ~) must be a directory that holds a
+    config.json: a clear line before anything is loaded, not transformers' traceback."""
+    looks_local = model.startswith(("/", "./", "../", "~")) or Path(model).exists()
+    if not looks_local:
+        return  # a hub id: transformers resolves it (load_tokenizer reports a failure)
+    path = Path(model).expanduser()
+    if not (path / "config.json").is_file():
+        what = "holds no config.json" if path.is_dir() else "does not exist"
+        raise RunError(
+            f"model={model}: {what}; give a Hugging Face model directory (build the tiny CPU "
+            "one with `python -m arbiter.tiny_model DIR`, or the demo's with "
+            "`python -m arbiter.trainer.sft demo DIR`)"
+        )
+
+
 def load_tokenizer(path: str | Path) -> Any:
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except OSError as e:  # a hub id that cannot be resolved (offline, misspelt, gated)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise RunError(f"model={path}: cannot load its tokenizer: {first}") from e
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok
@@ -158,9 +195,9 @@ def prepare_run_dir(cfg: TrainerConfig, dist: Dist) -> Path:
     if dist.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not cfg.resume and (run_dir / "metrics.jsonl").exists():
-            raise RuntimeError(
+            raise RunError(
                 f"{run_dir} already holds a run: set resume=true to continue it, "
-                "or pick a new run_dir"
+                "or pick a new run_dir (e.g. run_dir=runs/NEW)"
             )
         cfg.dump(run_dir / "config.yaml")
     dist.barrier()
