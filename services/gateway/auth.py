@@ -35,11 +35,12 @@ from fastapi import Request
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, generate_latest
 from prometheus_client.metrics_core import Metric
 from starlette.responses import Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from arbiter.errors import Unauthorized
 from arbiter.keys import OPEN, KeyIndex, Principal, load, secret_check
 from arbiter.services.common.app import StatusRecorder, error_response
+from arbiter.services.common.limits import BODY_METHODS
 
 log = logging.getLogger("arbiter.gateway.auth")
 
@@ -149,6 +150,8 @@ class AuthMiddleware:
             await response(scope, receive, send)
             return
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            if scope["type"] == "http" and scope["method"] in BODY_METHODS:
+                receive = _without_body(receive)
             await self.app(scope, receive, send)
             return
         principal = OPEN
@@ -180,6 +183,23 @@ class AuthMiddleware:
             return self.store.verify(_authorization(scope)).admin
         except Unauthorized:
             return False
+
+
+def _without_body(receive: Receive) -> Receive:
+    """``receive`` with the request's body taken as empty. No route outside ``/v1/`` takes a
+    body (they answer 404 or 405), and nobody authenticates there: read, such a body would
+    hold the global body budget (four stalled uploads without a key held every team out
+    with 429 until the body deadline). The server discards the bytes it is sent."""
+    sent = False
+
+    async def empty() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        return await receive()  # after the body: a disconnect still arrives
+
+    return empty
 
 
 class _PublicMetrics:
