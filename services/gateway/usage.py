@@ -45,6 +45,11 @@ TEAM_JUDGE_TOKENS = Counter(
     "Judge tokens used, by team and kind (prompt, completion).",
     ["team", "kind"],
 )
+TEAM_NULLS = Counter(
+    "arbiter_gateway_team_nulls_total",
+    "Null scores (a component could not score a response), by team and error kind.",
+    ["team", "kind"],
+)
 
 MAX_DAYS = 366
 PREFIX = "arb:usage:v2"
@@ -98,6 +103,9 @@ class Ledger:
         for kind in ("prompt", "completion"):
             if tokens := counts.get(f"judge_{kind}_tokens", 0):
                 TEAM_JUDGE_TOKENS.labels(team, kind).inc(tokens)
+        for field, value in counts.items():
+            if field.startswith("errors:") and value:
+                TEAM_NULLS.labels(team, field.removeprefix("errors:")).inc(value)
         day = today()
         key = team_key(day, team)
         teams = index_key(day)

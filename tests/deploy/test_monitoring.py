@@ -73,16 +73,27 @@ def panels() -> list[dict[str, Any]]:
     return [p for p in dashboard()["panels"] if p["type"] != "row"]
 
 
-def test_dashboard_queries_the_provisioned_datasource() -> None:
+def variables() -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in dashboard()["templating"]["list"]}
+
+
+def test_dashboard_queries_the_chosen_datasource() -> None:
+    """No fixed datasource uid: every panel and query follows the $datasource variable
+    (any Prometheus; the provisioned one is the default)."""
+    source = variables()["datasource"]
+    assert source["type"] == "datasource" and source["query"] == "prometheus"
     sources = yaml.safe_load((PROVISIONING / "datasources" / "prometheus.yml").read_text())
-    uid = sources["datasources"][0]["uid"]
+    assert sources["datasources"][0]["isDefault"] is True
     ids = [p["id"] for p in dashboard()["panels"]]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
+    chosen = {"type": "prometheus", "uid": "${datasource}"}
     for panel in panels():
-        assert panel["datasource"]["uid"] == uid, panel["title"]
+        assert panel["datasource"] == chosen, panel["title"]
         assert panel["targets"], panel["title"]
         for target in panel["targets"]:
-            assert target["datasource"]["uid"] == uid and target["expr"].strip()
+            assert target["datasource"] == chosen and target["expr"].strip()
+    for name in ("instance", "recipe", "team"):
+        assert variables()[name]["datasource"] == chosen, name
     provider = yaml.safe_load((PROVISIONING / "dashboards" / "arbiter.yml").read_text())
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards"
 
@@ -98,6 +109,53 @@ def test_dashboard_shows_what_operators_need() -> None:
         "arbiter_judge_tokens_total",  # judge tokens
     ):
         assert metric in exprs, metric
+
+
+def substituted(expr: str) -> str:
+    """A query as Prometheus gets it with every variable at All: Grafana's own intervals,
+    and ``.*`` for the dashboard's variables (each used with ``=~``)."""
+    expr = expr.replace("$__rate_interval", "1m").replace("$__range", "15m")
+    return re.sub(r"\$\{?(instance|recipe|team)\}?", ".*", expr)
+
+
+def test_dashboard_variables_scope_the_queries() -> None:
+    """$instance on every query, $recipe on the recipe's series, $team on the teams'; and no
+    query names a variable the dashboard does not define."""
+    defined = set(variables())
+    assert {"datasource", "instance", "recipe", "team"} <= defined
+    for panel in panels():
+        for target in panel["targets"]:
+            expr = target["expr"]
+            used = set(re.findall(r"\$\{?([a-z_]+)", expr)) - {"__rate_interval", "__range"}
+            assert used <= defined, (panel["title"], used - defined)
+            for metric in re.findall(r"\b(?:arbiter|verify)_[a-z0-9_]+\b", expr):
+                assert re.search(rf'{metric}{{[^}}]*instance=~"\$instance"', expr), metric
+            if "recipe" in expr.split("(")[0] or "by (recipe" in expr:
+                assert 'recipe=~"$recipe"' in expr, panel["title"]
+            if "team" in expr:
+                assert 'team=~"$team"' in expr, panel["title"]
+        assert "$" not in substituted(" ".join(t["expr"] for t in panel["targets"]))
+
+
+def test_dashboard_has_per_team_panels() -> None:
+    exprs = {p["title"]: " ".join(t["expr"] for t in p["targets"]) for p in panels()}
+    team = {t: e for t, e in exprs.items() if "by (team" in e}
+    for metric in (
+        "arbiter_gateway_team_responses_total",  # responses
+        "arbiter_gateway_quota_rejections_total",  # quota refusals
+        "arbiter_gateway_team_nulls_total",  # null rate (over responses)
+        "arbiter_gateway_team_judge_tokens_total",  # judge tokens
+    ):
+        assert any(metric in e for e in team.values()), metric
+
+
+def test_every_dashboard_query_is_valid_promql(tmp_path: Path) -> None:
+    """promtool parses each query, variables substituted as Prometheus would get them."""
+    exprs = [substituted(t["expr"]) for p in panels() for t in p["targets"]]
+    rules = [{"record": f"dashboard:query{i}", "expr": e} for i, e in enumerate(exprs)]
+    path = tmp_path / "dashboard_rules.yml"
+    path.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    run([promtool(), "check", "rules", str(path)], "promtool check rules (dashboard queries)")
 
 
 def queried_metrics() -> dict[str, set[str]]:

@@ -41,6 +41,14 @@ def _body(recipe: Any = "gsm8k") -> dict[str, Any]:
     return {"recipe": recipe, "groups": groups(1, 2)}
 
 
+def _sample(metrics: str, series: str) -> float:
+    """A series' value in a /metrics text; 0 when it is not there yet."""
+    for line in metrics.splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
 def _error(r: httpx.Response, status: int, code: str) -> None:
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -153,6 +161,14 @@ def test_team_label_on_metrics_and_no_key_anywhere(gateway: Any, keys: Keys) -> 
         metrics
     )
     assert 'team="unauthenticated"' in metrics
+    # A null counts against its team (the dashboard's null rate by team): no reference here.
+    nulls = 'arbiter_gateway_team_nulls_total{kind="invalid_reference",team="alpha"}'
+    before = _sample(metrics, nulls)
+    group = {"id": "n", "prompt": "1+1?", "responses": ["<answer>2</answer>"]}
+    answer = post(gateway.url, {"recipe": "gsm8k", "groups": [group]}, keys.headers("alpha"))
+    assert answer.status_code == 200 and answer.json()["groups"][0]["masked"] == [True]
+    metrics = httpx.get(f"{gateway.url}/metrics", headers=keys.headers("admin")).text
+    assert _sample(metrics, nulls) == before + 1
     log_text = Path(gateway.log_path).read_text()
     for key in keys.keys.values():
         secret = key.rsplit("_", 1)[1]
