@@ -29,14 +29,13 @@ from torch.utils.checkpoint import checkpoint
 log = logging.getLogger("arbiter.trainer")
 
 _COMPILED: dict[Callable[..., Any], Callable[..., Any]] = {}
-_compile: Callable[..., Any] = torch.compile  # (tests swap in a failing backend)
 
 
 def compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``torch.compile(fn)``, once per ``fn``, that runs ``fn`` eagerly from its first
     compile failure on (one warning)."""
     if fn not in _COMPILED:
-        _COMPILED[fn] = _OrEager(fn, _compile(fn))
+        _COMPILED[fn] = _OrEager(fn, torch.compile(fn))
     return _COMPILED[fn]
 
 

@@ -34,7 +34,8 @@ def test_a_layer_that_fails_to_compile_runs_eagerly_with_one_warning(
     torch.set_num_threads(1)
     torch._dynamo.reset()
     monkeypatch.setattr(regional, "_COMPILED", {})
-    monkeypatch.setattr(regional, "_compile", lambda fn: torch.compile(fn, backend=_broken_backend))
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend=_broken_backend))
     model = load_model(tiny_model, torch.device("cpu"), "fp32", trainable=True)
     model.train()
     ids, attn = _batch(groups=2, g=3, p=8, n=5, pad=3, eos_at=2)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import torch
 
-from arbiter.trainer import logprobs
+from arbiter.trainer import regional
 from arbiter.trainer.config import TrainerConfig
 from arbiter.trainer.grpo import build_optimizer
 from arbiter.trainer.logprobs import completion_logprobs, trim_padding
@@ -97,7 +97,7 @@ class _compile_on_cpu:
         real = torch.compile
         self.mp.setattr(torch, "compile", lambda fn, **kw: real(fn, backend="aot_eager"))
         self.mp.setattr("arbiter.trainer.update.train_compiled", lambda *a: True)
-        self.mp.setattr(logprobs, "_COMPILED", {})
+        self.mp.setattr(regional, "_COMPILED", {})
 
     def __exit__(self, *exc: object) -> None:
         self.mp.undo()
