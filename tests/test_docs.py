@@ -289,3 +289,37 @@ def test_every_page_renders_in_chromium(site: Path, served: str) -> None:
     # the lifecycle diagram: admission's five checks, plan, lookup, fan-out, three services,
     # vLLM, merge, render, settle, and the two ends
     assert gateway["diagrams"] and min(gateway["diagrams"]) >= 15, gateway
+
+
+# -- the one TRL snippet --------------------------------------------------------------------
+SNIPPET_PAGES = ("README.md", "docs/quickstart.md", "docs/integrations.md")
+SNIPPET_MARK = "<!-- the TRL snippet:"
+
+
+def _snippet(path: str) -> str:
+    text = (REPO / path).read_text()
+    found = re.findall(re.escape(SNIPPET_MARK) + r".*?-->\n```python\n(.*?)```\n", text, re.S)
+    assert len(found) == 1, f"{path}: {len(found)} TRL snippets (one, after {SNIPPET_MARK!r})"
+    return str(found[0])
+
+
+def test_the_trl_snippet_is_one_snippet() -> None:
+    snippets = {path: _snippet(path) for path in SNIPPET_PAGES}
+    assert len(set(snippets.values())) == 1, "the TRL snippet differs between the pages"
+
+
+def test_the_trl_snippet_runs_against_a_gateway(
+    gateway_url: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The snippet as the pages show it, against a real gateway (verify + Redis): what it
+    prints is what its comment says, and its TRL functions score as TRL calls them."""
+    monkeypatch.setenv("ARBITER_URL", gateway_url)
+    namespace: dict[str, Any] = {}
+    exec(compile(_snippet("README.md"), "README.md (TRL snippet)", "exec"), namespace)
+    assert capsys.readouterr().out.strip() == "[1.5, 0.0]"  # the comment in the snippet
+    funcs, weights = namespace["funcs"], namespace["weights"]
+    assert [f.__name__ for f in funcs] == ["math_accuracy", "format"] and weights == [1.0, 0.5]
+    group = namespace["group"]
+    kwargs = {"prompts": [group["prompt"]] * 2, "completions": group["responses"]}
+    math, fmt = (f(**kwargs, answer=[group["reference"]] * 2) for f in funcs)
+    assert (math, fmt) == ([1.0, 0.0], [1.0, 0.0])
