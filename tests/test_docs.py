@@ -282,6 +282,8 @@ def test_every_page_renders_in_chromium(site: Path, served: str) -> None:
                 page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
                 for i, diagram in enumerate(page.locator("div.mermaid").all()):
                     diagram.screenshot(path=str(SCREENSHOTS / f"{name}.diagram{i}.png"))
+                for i, image in enumerate(page.locator("article img").all()):
+                    image.screenshot(path=str(SCREENSHOTS / f"{name}.image{i}.png"))
         browser.close()
     assert problems == [], "\n".join(problems)
     gateway = pictured.get("services/gateway")
