@@ -15,6 +15,14 @@ error since 0.11 (h11 and httptools alike). ``tests/services/common/test_protoco
 checks the answer on a real server, so an upgrade that changes this fails there. The
 protocol's warnings (one "Invalid HTTP request received." per malformed request, which a
 client can send in a loop) are throttled: one line per message per 10 s, with a count.
+
+A connection must also send a complete request head within ``HEAD_TIMEOUT_S`` of opening,
+and of each answer on it; else it is closed, without an answer (``_HeadDeadline``).
+uvicorn has no such deadline (its keep-alive timer stops at the first byte): a connection
+sending nothing, or a head a byte at a time, was held for as long as the client liked,
+and 19,980 of them, without a key, filled the gateway's 20,000 file descriptors in 5 s.
+A request being served is never cut by it (the body has its own deadline,
+``<PREFIX>_BODY_TIMEOUT_S``).
 """
 
 from __future__ import annotations
@@ -59,9 +67,52 @@ class _ThrottledWarnings:
 
 _LOGGER: Any = _ThrottledWarnings(logging.getLogger("uvicorn.error"))
 
+# Seconds a connection has to send a complete request head (read when each deadline is set).
+HEAD_TIMEOUT_S = 10.0
 
-class EnvelopeH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol; a request it cannot parse gets the envelope."""
+
+class _HeadDeadline:
+    """The head deadline, on uvicorn's protocol classes: set when the connection opens and
+    after each answer; when it passes, a connection with no request being served is closed
+    (one served since has set it again when answered). A pipelined or kept-alive request
+    whose head came in time is never cut."""
+
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
+    _head_timer: asyncio.TimerHandle | None = None
+
+    def _set_head_deadline(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(HEAD_TIMEOUT_S, self._head_overdue)
+
+    def _head_overdue(self) -> None:
+        self._head_timer = None
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is being served: its answer sets the deadline again
+        if not self.transport.is_closing():
+            _LOGGER.warning("Connection closed: no complete request head in time.")
+            self.transport.close()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._set_head_deadline()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()  # type: ignore[misc]
+        if not self.transport.is_closing():
+            self._set_head_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)  # type: ignore[misc]
+
+
+class EnvelopeH11Protocol(_HeadDeadline, H11Protocol):
+    """uvicorn's h11 protocol; a request it cannot parse gets the envelope; a head deadline."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,8 +135,9 @@ except ImportError:  # httptools is not installed: uvicorn's "auto" picks h11 to
     pass
 else:
 
-    class EnvelopeHttpToolsProtocol(HttpToolsProtocol):
-        """uvicorn's httptools protocol; a request it cannot parse gets the envelope."""
+    class EnvelopeHttpToolsProtocol(_HeadDeadline, HttpToolsProtocol):
+        """uvicorn's httptools protocol; a request it cannot parse gets the envelope; a head
+        deadline."""
 
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
