@@ -71,7 +71,8 @@ def test_yaml_then_overrides(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["tiny-cpu.yaml", "qwen2.5-1.5b-gsm8k.yaml", "qwen2.5-7b-gsm8k-fsdp.yaml"]
+    "name",
+    ["tiny-cpu.yaml", "cpu-demo.yaml", "qwen2.5-1.5b-gsm8k.yaml", "qwen2.5-7b-gsm8k-fsdp.yaml"],
 )
 def test_example_configs_load(name: str) -> None:
     cfg = TrainerConfig.load(REPO / "configs" / name)
