@@ -27,15 +27,14 @@ from arbiter.services.gateway.teams import Teams
 
 log = logging.getLogger("arbiter.gateway")
 
-# Logged at start-up without a keys file: anyone who reaches the port scores, as team anonymous.
-AUTH_OFF_BANNER = """
-******************************************************************************************
-  AUTH IS OFF: no GATEWAY_KEYS_FILE, so every caller is team `anonymous`, with no key, no
-  quota and no usage ledger. Fine on 127.0.0.1 (docker compose publishes the gateway there
-  by default). Before anyone else can reach this port, turn auth on: set GATEWAY_KEYS_FILE
-  (docker compose: GATEWAY_KEYS_FILE=/etc/arbiter/keys/keys.yaml) and a random
-  GATEWAY_KEY_SECRET; docs/deploy/compose.md and docs/operations/teams.md say how.
-******************************************************************************************"""
+# Logged at start-up without a keys file (one line: the log formatter escapes newlines).
+AUTH_OFF_BANNER = (
+    "***** AUTH IS OFF ***** no GATEWAY_KEYS_FILE: every caller is team `anonymous`, with no "
+    "key, quota or usage ledger. Fine on 127.0.0.1 (docker compose publishes the gateway "
+    "there by default); before anyone else can reach this port, turn auth on: "
+    "GATEWAY_KEYS_FILE (docker compose: /etc/arbiter/keys/keys.yaml) and a random "
+    "GATEWAY_KEY_SECRET (docs/deploy/compose.md, docs/operations/teams.md)."
+)
 
 
 def build_cache(settings: GatewaySettings) -> Cache:

@@ -170,13 +170,13 @@ def cmd_restart(url: str, during: list[str]) -> None:
                 for i, (_, m, _) in enumerate(responses(answer, tag)):
                     got = group["components"]["math_accuracy"][i]
                     if got is None:
-                        err = errors.get(("math_accuracy", i))
-                        if err is None or not err["message"]:
+                        reason = errors.get(("math_accuracy", i))
+                        if reason is None or not reason["message"]:
                             failures.append(f"null without its reason: {group}")
                         else:
                             nulls += 1
                             clean = 0
-                            kinds[err["kind"]] = kinds.get(err["kind"], 0) + 1
+                            kinds[reason["kind"]] = kinds.get(reason["kind"], 0) + 1
                     elif got != m:
                         failures.append(f"wrong score {got} != {m}: {group}")
 
@@ -214,8 +214,8 @@ def cmd_published(project: str) -> None:
     ).stdout  # fmt: skip
     published: dict[str, list[str]] = {}
     for line in out.splitlines():
-        service, _, ports = line.partition("\t")
-        published[service] = [p.strip() for p in ports.split(",") if "->" in p]
+        service, _, listed = line.partition("\t")
+        published[service] = [p.strip() for p in listed.split(",") if "->" in p]
     check(len(published) >= 4, f"expected the running services, got {published}")
     for service, ports in published.items():
         if service == "gateway":
@@ -245,7 +245,7 @@ def cmd_judge(url: str, down: bool) -> None:
         check(None not in math, f"math_accuracy {math} with the judge down={down}")
         if down:
             kinds = {e["kind"] for e in group["errors"] if e["component"] == "judge_quality"}
-            check(quality == [None] * len(quality) and kinds, f"judge down: {group}")
+            check(quality == [None] * len(quality) and bool(kinds), f"judge down: {group}")
         else:
             check(
                 all(q is not None and 0.0 <= q <= 1.0 for q in quality),
