@@ -134,8 +134,9 @@ def run_summary(run_dir: Path, *, plotted: bool = True) -> str:
     skipped = sum(1 for r in records if r.get("kind") == "skip")
     head = f"run finished: {len(train)} step(s) trained"
     lines = [head + (f", {skipped} skipped" if skipped else "")]
-    rewards = [(r["step"], r.get("reward/mean")) for r in train]
-    rewards = [(s, x) for s, x in rewards if x is not None]
+    rewards: list[tuple[int, float]] = [
+        (int(r["step"]), float(r["reward/mean"])) for r in train if r.get("reward/mean") is not None
+    ]
     if rewards:
         k = min(5, max(1, len(rewards) // 3))
         first, last = rewards[:k], rewards[-k:]
