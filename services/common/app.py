@@ -93,8 +93,18 @@ def error_response(exc: BaseException) -> JSONResponse:
     return JSONResponse(status_code=status, content=body.model_dump(), headers=headers)
 
 
+# Where FastAPI found a value: the first element of an error's ``loc``, not part of its
+# name (a field may itself be called ``query``: OpenRLHF's is).
+LOCATIONS = frozenset({"body", "query", "path", "header", "cookie"})
+
+
+def field_path(loc: tuple[Any, ...] | list[Any]) -> list[Any]:
+    """An error's ``loc`` without its location kind: the field's own path."""
+    return list(loc[1:]) if loc and loc[0] in LOCATIONS else list(loc)
+
+
 def _loc_to_param(loc: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in loc if p not in ("body", "query", "path"))
+    return ".".join(str(p) for p in field_path(loc))
 
 
 ErrorPicker = Callable[[list[dict[str, Any]]], tuple[str, str]]

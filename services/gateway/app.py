@@ -12,7 +12,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.middleware import Middleware
 
-from arbiter.services.common.app import TimingMiddleware, create_service_app, validation_response
+from arbiter.services.common.app import (
+    TimingMiddleware,
+    create_service_app,
+    field_path,
+    validation_response,
+)
 from arbiter.services.gateway.auth import AuthMiddleware, KeyStore
 from arbiter.services.gateway.cache import Cache, LRUCache, NullCache, RedisCache
 from arbiter.services.gateway.collector import GroupCollector
@@ -121,7 +126,7 @@ def _first_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
     picked: list[tuple[list[Any], str]] = []
     recipe_input: Any = None
     for err in errors:
-        loc = [p for p in err.get("loc", ()) if p not in ("body", "query", "path")]
+        loc = field_path(err.get("loc", ()))
         if loc[:2] == ["recipe", "str"]:
             recipe_input = err.get("input")
         picked.append((loc, str(err.get("msg", "invalid"))))

@@ -80,3 +80,24 @@ def test_bodies_outside_v1_take_no_budget(upload_gateway: str, keys: Keys, path:
     for data in answers:
         assert data.split()[1] in (b"404", b"405"), data[:300]
         assert b'"error"' in data  # the envelope
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"query": ["p a"] * 300, "prompts": ["p"] * 300}, "query"),
+        ({"query": "p a", "prompts": ["p"]}, "query"),
+        ({"query": ["p a", 5], "prompts": ["p", "p"]}, "query.1"),
+        ({"query": [], "prompts": []}, "query"),
+    ],
+)
+def test_openrlhf_query_errors_name_the_field(
+    upload_gateway: str, keys: Keys, body: dict[str, object], param: str
+) -> None:
+    # OpenRLHF's field is called ``query``, as FastAPI calls a query-string location: the
+    # error's param dropped every ``query`` of its path (param null, "3" for query.3).
+    r = post(upload_gateway, body, keys.headers("a"), path="/v1/compat/openrlhf/gsm8k")
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["param"] == param, error
+    assert error["message"].startswith(f"{param}: "), error
