@@ -49,6 +49,7 @@ class GroupKey(NamedTuple):
     reference: str | None
     team: str = ANONYMOUS  # two teams' samples never land in one group (auth, usage, cache)
     cache: str | None = None  # the cache space (the team's, or None: shared)
+    weight: int = 1  # the team's share of the component slots (GATEWAY_TEAM_WEIGHTS)
 
 
 class SampleScore(NamedTuple):
@@ -144,7 +145,7 @@ class GroupCollector:
 
     async def _score(self, batch: _Batch, live: list[_Sample]) -> None:
         key = batch.key
-        scope = Scope(team=key.team, cache=key.cache)
+        scope = Scope(team=key.team, cache=key.cache, weight=key.weight)
         try:
             GROUP_SIZE.observe(len(live))
             group = ScoreGroup.model_construct(

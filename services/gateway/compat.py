@@ -182,7 +182,7 @@ async def _collect(
     results = await asyncio.gather(
         *(
             opts.collector.submit(
-                GroupKey(recipe, prompt, reference, scope.team, scope.cache),
+                GroupKey(recipe, prompt, reference, scope.team, scope.cache, scope.weight),
                 ticket.recipe,
                 response,
                 scope.progress,
