@@ -8,14 +8,17 @@
 #   4. score       a GSM8K group with gsm8k and gsm8k-diverse through the gateway
 #   5. monitoring  Prometheus (profile monitoring) scraping the stack from here on
 #   6. restart     `docker compose restart verify` while a client keeps scoring
-#   7. judge       profile cpu: the judge on vLLM's CPU image, with a tiny model from a mounted
+#   7. auth        the one setting of a shared deployment (GATEWAY_KEYS_FILE): refused with a
+#                  missing, placeholder or short secret; with a real one, keys from `arbiter
+#                  keys`: 401 without, 200 with, 429 past a team's quota; auth stays on after
+#   8. judge       profile cpu: the judge on vLLM's CPU image, with a tiny model from a mounted
 #                  folder (python -m arbiter.tiny_model); then its server gone (connections
 #                  refused) (COMPOSE_TEST_JUDGE=0 skips this phase)
-#   8. events      a compat call and a verify worker stuck past its deadline, with Redis
+#   9. events      a compat call and a verify worker stuck past its deadline, with Redis
 #                  paused: the counters of the dashboard's fault panels
-#   9. checks      only the gateway published (on 127.0.0.1); every query of the Grafana
+#  10. checks      only the gateway published (on 127.0.0.1); every query of the Grafana
 #                  dashboard returns data from Prometheus
-#  10. down        docker compose down -v; the engine stopped if this script started it
+#  11. down        docker compose down -v; the engine stopped if this script started it
 #
 # Prints each phase's time. Cleans up on any exit: the compose project (containers,
 # networks, volumes) and the engine it started; the images stay in the engine's store
@@ -62,8 +65,9 @@ cleanup() {
     compose --profile "*" down -v --remove-orphans \
       >/dev/null 2>&1 || true
   fi
-  docker/engine.sh stop || true
+  [ "${STARTED_ENGINE:-0}" = 1 ] && { docker/engine.sh stop || true; }
   [ -z "${MODEL_DIR:-}" ] || rm -rf "$MODEL_DIR"
+  [ -z "${KEYS_DIR:-}" ] || rm -rf "$KEYS_DIR"
   if [ -n "${PHASE:-}" ]; then TIMES+=("$(printf '%-11s %4d s' "$PHASE" $((SECONDS - phase_start)))"); fi
   echo "=== compose-test: phase times"
   printf '  %s\n' "${TIMES[@]}"
@@ -74,6 +78,7 @@ cleanup() {
 trap cleanup EXIT
 
 phase engine
+docker info >/dev/null 2>&1 || STARTED_ENGINE=1  # an engine running already stays running
 docker/engine.sh start
 
 phase images
@@ -101,6 +106,29 @@ compose --profile monitoring up --detach --wait --wait-timeout 120 prometheus
 
 phase restart
 "$PY" tests/compose/check.py restart "$URL" -- docker compose --env-file "$STATE/empty.env" restart verify
+
+phase auth
+# The shared deployment's one setting: GATEWAY_KEYS_FILE. A missing, placeholder or short
+# secret stops the gateway; a real one serves keys made with it (`arbiter keys`), quotas on.
+KEYS_DIR=$(mktemp -d)
+chmod 755 "$KEYS_DIR"
+SECRET=$("$PY" -c 'import secrets; print(secrets.token_hex(32))')
+KEY=$(GATEWAY_KEY_SECRET=$SECRET "$REPO/.venv/bin/arbiter" keys create --team ci --file "$KEYS_DIR/keys.yaml")
+LIMITED=$(GATEWAY_KEY_SECRET=$SECRET "$REPO/.venv/bin/arbiter" keys create --team limited \
+  --responses-per-minute 10 --file "$KEYS_DIR/keys.yaml")
+export ARBITER_KEYS_DIR=$KEYS_DIR GATEWAY_KEYS_FILE=/etc/arbiter/keys/keys.yaml
+for secret in unset "" changeme-changeme; do
+  if [ "$secret" = unset ]; then set -- env -u GATEWAY_KEY_SECRET; else set -- env GATEWAY_KEY_SECRET="$secret"; fi
+  if out=$("$@" timeout 120 docker compose --env-file "$STATE/empty.env" run --rm --no-deps -T gateway 2>&1); then
+    echo "the gateway started with auth on and secret '$secret'"; exit 1
+  fi
+  grep -q "GATEWAY_KEY_SECRET" <<<"$out" || { echo "$out" | tail -5; exit 1; }
+  echo "  auth on, secret '$secret': the gateway refuses to start"
+done
+export GATEWAY_KEY_SECRET=$SECRET
+compose up --detach --wait --wait-timeout 120 gateway
+"$PY" tests/compose/check.py auth "$URL" "$KEY" "$LIMITED"
+export ARBITER_API_KEY=$KEY  # every check from here on, as team ci
 
 if [ "$JUDGE" = 1 ]; then
   phase judge
@@ -131,7 +159,11 @@ compose unpause redis
 
 phase checks
 "$PY" tests/compose/check.py published "$COMPOSE_PROJECT_NAME"
-"$PY" tests/compose/check.py dashboard "$PROM"
+if [ "$JUDGE" = 1 ]; then
+  "$PY" tests/compose/check.py dashboard "$PROM"
+else
+  "$PY" tests/compose/check.py dashboard "$PROM" --no-judge
+fi
 
 phase down
 compose --profile "*" down -v --remove-orphans
