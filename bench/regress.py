@@ -111,8 +111,8 @@ def part_learn(a: argparse.Namespace, out: dict[str, Any]) -> None:
                 "rollouts_per_step=16", "group_size=8", "micro_batch_size=8",
                 "max_new_tokens=12", "eval_problems=16", f"eval_every={a.learn_steps}"]  # fmt: skip
     else:
-        cmd += ["--timeout", "250", f"eval_every={a.learn_steps // 2}"]
-    rc = run(cmd, a.out / "learn.log", 140 if a.small else 310)
+        cmd += ["--timeout", "280", f"eval_every={a.learn_steps}"]  # held-out: before and after
+    rc = run(cmd, a.out / "learn.log", 140 if a.small else 330)
     res = _read(o / "trainer_learn_regress.json").get("grpo", {})
     out["learn"] = {
         "rc": rc if rc else res.get("rc", "no result"),
@@ -168,7 +168,7 @@ def part_speed(a: argparse.Namespace, out: dict[str, Any]) -> None:
         "--phases",
         "ours,trl",
         "--steps",
-        "1" if a.small else "2",
+        "1",
         "--sampler-modes",
         "",
     ]
@@ -181,7 +181,7 @@ def part_speed(a: argparse.Namespace, out: dict[str, Any]) -> None:
                 "ANCHOR_NEW": "128", "ANCHOR_TRL_BS": "16"}  # fmt: skip
         cmd += ["--micro-batch", "8", "--gradient-checkpointing", "--keep-layers", "2",
                 "--keep-logits", "--free-sampler-cache", "--trl-batch", "16"]  # fmt: skip
-    rc = run(cmd, a.out / "speed.log", 120 if a.small else 230, env)
+    rc = run(cmd, a.out / "speed.log", 120 if a.small else 205, env)
     res = _read(o / "trainer_speed.json")
     ours, trl = res.get("ours", {}), res.get("trl", {})
     got = ours.get("completion_tokens_per_s"), trl.get("completion_tokens_per_s")
@@ -204,7 +204,7 @@ def part_embed(a: argparse.Namespace, out: dict[str, Any]) -> None:
         cmd += ["--device", "cpu", "--rounds", "1", "--per-client", "1", "--clients", "4",
                 "--client-procs", "1", "--batch-sizes", "16"]  # fmt: skip
     else:
-        cmd += ["--device", "cuda", "--dtype", "float16", "--rounds", "2", "--per-client", "12",
+        cmd += ["--device", "cuda", "--dtype", "float16", "--rounds", "1", "--per-client", "12",
                 "--batch-sizes", "512", "--model", str(a.embedding_model)]  # fmt: skip
     rc = run(cmd, a.out / "embed.log", 150 if a.small else 100)
     res = _read(js)
