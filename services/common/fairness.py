@@ -62,18 +62,25 @@ class _TeamLine:
 
     def next_waiter(self) -> asyncio.Future[None] | None:
         """The next request's first live waiter; that request goes to the back."""
-        while self.keys:
-            key = next(iter(self.keys))
-            line = self.keys.pop(key)
-            while line and line[0].done():  # cancelled while waiting
-                line.popleft()
-            if not line:
-                continue
-            fut = line.popleft()
-            if line:
-                self.keys[key] = line  # back of the line: the team's others go first
-            return fut
-        return None
+        return next_waiter(self.keys)
+
+
+def next_waiter(keys: dict[Hashable, deque[asyncio.Future[None]]]) -> asyncio.Future[None] | None:
+    """The first live waiter of the first key in ``keys`` (a team's requests, in turn order);
+    that key goes to the back if it has more, keys with none left are dropped. Shared by the
+    components' ``FairLimiter`` and the gateway's ``TeamSlots``."""
+    while keys:
+        key = next(iter(keys))
+        line = keys.pop(key)
+        while line and line[0].done():  # cancelled while waiting
+            line.popleft()
+        if not line:
+            continue
+        fut = line.popleft()
+        if line:
+            keys[key] = line  # back of the line: the team's others go first
+        return fut
+    return None
 
 
 class FairLimiter:

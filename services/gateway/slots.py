@@ -24,6 +24,8 @@ from collections import deque
 from collections.abc import AsyncIterator, Hashable
 from dataclasses import dataclass, field
 
+from arbiter.services.common.fairness import next_waiter
+
 
 @dataclass
 class _Team:
@@ -106,7 +108,7 @@ class TeamSlots:
                 self._turn.rotate(-1)
                 skipped += 1
                 continue
-            fut = self._next_waiter(t)
+            fut = next_waiter(t.waiting)
             if fut is None:  # every waiter of the team was cancelled
                 self._turn.popleft()
                 if not t.held:
@@ -122,20 +124,3 @@ class TeamSlots:
             elif t.credit <= 0:
                 t.credit = t.weight
                 self._turn.rotate(-1)
-
-    @staticmethod
-    def _next_waiter(t: _Team) -> asyncio.Future[None] | None:
-        """The team's next live waiter, from its next request in turn (which then goes to
-        the back of the team's line if it has more)."""
-        while t.waiting:
-            request = next(iter(t.waiting))
-            line = t.waiting.pop(request)
-            while line and line[0].done():  # cancelled while waiting
-                line.popleft()
-            if not line:
-                continue
-            fut = line.popleft()
-            if line:
-                t.waiting[request] = line
-            return fut
-        return None
