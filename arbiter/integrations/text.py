@@ -3,12 +3,16 @@
 A conversation is a list of ``{"role", "content"}`` messages whose content is a string
 or a list of parts (``{"type": "text", "text": …}``, images…). The response scored is the
 last *assistant* message (a tool result after it is not the model's answer); the question
-is the last *user* message.
+is the last *user* message. ``first_reason`` words the warning both adapters give about
+scores that could not be computed.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
+
+from arbiter.proto.gateway import ScoreError
 
 
 def content_text(content: Any) -> str:
@@ -53,3 +57,14 @@ def prompt_text(prompt: Any) -> str:
     if isinstance(prompt, list):
         return content_text(_last(prompt, "user", "prompt").get("content"))
     raise TypeError(f"a prompt must be text or messages, not {type(prompt).__name__}")
+
+
+def first_reason(errors: Sequence[ScoreError], warned: set[str]) -> tuple[str, str] | None:
+    """The first error's kind and reason (``component: message``), or None when a warning
+    about that kind was already given (``warned`` records it: once per process and kind)."""
+    first = errors[0] if errors else None
+    kind = first.kind if first is not None else "unknown"
+    if kind in warned:
+        return None
+    warned.add(kind)
+    return kind, f"{first.component}: {first.message}" if first is not None else "no reason given"

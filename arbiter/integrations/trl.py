@@ -50,7 +50,7 @@ from typing import Any
 
 from arbiter.client import ArbiterClient, RecipeArg, score_body
 from arbiter.errors import NotConfigured
-from arbiter.integrations.text import completion_text, prompt_text
+from arbiter.integrations.text import completion_text, first_reason, prompt_text
 from arbiter.proto.gateway import ScoreError, ScoreResponse
 
 __all__ = [
@@ -354,12 +354,10 @@ def _errors(plan: Plan, out: ScoreResponse, component: str | None) -> list[Score
 
 def _warn_nulls(result: list[float | None], errors: list[ScoreError]) -> None:
     """Once per process and kind: how many are None, the kind and its first reason."""
-    first = errors[0] if errors else None
-    kind = first.kind if first is not None else "unknown"
-    if kind in _warned_kinds:
+    reason = first_reason(errors, _warned_kinds)
+    if reason is None:
         return
-    _warned_kinds.add(kind)
-    why = f"{first.component}: {first.message}" if first is not None else "no reason given"
+    kind, why = reason
     log.warning(
         "Arbiter returned None (could not score) for %d of %d completions, kind %r (%s; "
         "retryable kinds are timeout and unavailable). TRL ignores a completion only when "

@@ -59,7 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arbiter.client import ArbiterClient
-from arbiter.integrations.text import prompt_text
+from arbiter.integrations.text import first_reason, prompt_text
 from arbiter.proto.gateway import ScoreError, ScoreResponse
 
 __all__ = ["compute_score", "compute_score_async"]
@@ -172,12 +172,10 @@ HINTS = {
 
 def _warn_masked(masked: int, n: int, masked_score: float, errors: list[ScoreError]) -> None:
     """Once per process and kind: how many, the kind, its first reason, the fill value."""
-    first = errors[0] if errors else None
-    kind = first.kind if first is not None else "unknown"
-    if kind in _warned_kinds:
+    reason = first_reason(errors, _warned_kinds)
+    if reason is None:
         return
-    _warned_kinds.add(kind)
-    why = f"{first.component}: {first.message}" if first is not None else "no reason given"
+    kind, why = reason
     hint = f"; {HINTS[kind]}" if kind in HINTS else ""
     log.warning(
         "Arbiter could not score %d of %d samples, kind %r (%s%s). verl needs a number, so "
