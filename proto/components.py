@@ -62,6 +62,9 @@ class ComponentUsage(ArbiterModel):
     elapsed_ms: float = 0.0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cpu_ms: float = Field(
+        default=0.0, ge=0, description="CPU time the component's sandboxed programs used."
+    )
 
 
 class ComponentResponse(ArbiterModel):

@@ -40,6 +40,8 @@ ErrorKind = Literal[
     "judge_parse_error",  # the judge's text held no score
     "judge_no_label",  # neither Yes nor No in the judge's top log-probs
     "judge_unsupported",  # the judge server ignored a feature the component needs
+    "sandbox_error",  # the sandbox itself failed (could not start, or died without answering)
+    "grader_error",  # a python_grader raised, overran, or returned no finite number
 ]
 
 # The kinds worth trying again unchanged: the same request may succeed a moment later.

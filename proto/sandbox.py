@@ -1,0 +1,93 @@
+"""Sandbox service: ``POST /v1/code_tests`` and ``POST /v1/python_grader``.
+
+Both take the uniform ``ComponentRequest`` and answer ``ComponentResponse``; these are
+their params. Every program runs in a bubblewrap sandbox (docs/services/sandbox.md).
+
+``code_tests`` reads the tests from each group's ``reference``, in one of three shapes:
+
+- Python test code: HumanEval-style (``def check(candidate): assert …``, called with the
+  function named by the entry point) or plain ``assert`` statements (MBPP-style);
+- a JSON list of ``{"input": "...", "output": "..."}`` stdin/stdout pairs;
+- a JSON object ``{"tests": <either of the above>, "entry_point": "name"}``, which names
+  the entry point per group (HumanEval rows: ``test`` and ``entry_point``).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import Any, Literal
+
+from pydantic import Field, field_validator
+
+from arbiter.proto.common import ArbiterModel
+from arbiter.proto.components import ComponentRequest
+from arbiter.proto.gateway import JsonObject
+
+MAX_GRADER_SOURCE_CHARS = 65_536
+MAX_TEST_TIMEOUT_S = 60.0
+IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+
+
+class CodeTestsParams(ArbiterModel):
+    mode: Literal["fraction", "all"] = Field(
+        default="fraction",
+        description="fraction: the share of the tests passed; all: 1.0 when every test "
+        "passes, else 0.0 (the run stops at the first failure).",
+    )
+    entry_point: str | None = Field(
+        default=None,
+        pattern=IDENTIFIER,
+        description="The function HumanEval-style tests call as check(<entry_point>); "
+        "unset: the reference's own entry_point, else the last function the prompt defines.",
+    )
+    timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=MAX_TEST_TIMEOUT_S,
+        description="Wall-clock limit per test (the service's SANDBOX_TEST_TIMEOUT_S caps "
+        "it); a test past it fails with 'timeout'.",
+    )
+
+
+class PythonGraderParams(ArbiterModel):
+    source: str = Field(
+        min_length=1,
+        max_length=MAX_GRADER_SOURCE_CHARS,
+        description="Python source defining grade(sample, item) -> float. sample = "
+        '{"output_text": <response>}; item = {"prompt", "reference", "metadata"}. Run in '
+        "the sandbox once per response; an exception, a timeout or a result that is not a "
+        "finite number is null with the reason (grader_error), never 0.",
+    )
+    metadata: JsonObject = Field(
+        default_factory=dict, description="Passed to grade() as item['metadata']."
+    )
+    timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=MAX_TEST_TIMEOUT_S,
+        description="Wall-clock limit of one grade() call, the source's own import included.",
+    )
+
+    @field_validator("source")
+    @classmethod
+    def _compiles(cls, source: str) -> str:
+        """The source must compile and define ``grade`` at top level: checked wherever the
+        params are (the gateway, when a recipe is loaded or sent), before any sandbox runs."""
+        try:
+            tree = ast.parse(source, "<grader>")
+            compile(tree, "<grader>", "exec")
+        except SyntaxError as exc:
+            raise ValueError(f"does not compile: {exc.msg} (line {exc.lineno})") from None
+        except (ValueError, MemoryError, RecursionError) as exc:
+            raise ValueError(f"does not compile: {type(exc).__name__}") from None
+        if not any(_defines_grade(node) for node in tree.body):
+            raise ValueError("defines no top-level function grade(sample, item)")
+        return source
+
+
+def _defines_grade(node: Any) -> bool:
+    return isinstance(node, ast.FunctionDef) and node.name == "grade"
+
+
+CodeTestsRequest = ComponentRequest[CodeTestsParams]
+PythonGraderRequest = ComponentRequest[PythonGraderParams]

@@ -1,0 +1,1 @@
+"""Sandbox service: untrusted code (``code_tests``, ``python_grader``) under bubblewrap."""

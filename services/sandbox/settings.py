@@ -1,0 +1,116 @@
+"""Sandbox service settings (environment variables ``SANDBOX_*``)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from arbiter.services.common.settings import ServiceSettings
+
+
+def _default_python() -> str:
+    # Debian's interpreter lives under /usr, which the sandbox binds read-only anyway.
+    return "/usr/bin/python3" if Path("/usr/bin/python3").exists() else "python3"
+
+
+class SandboxSettings(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="SANDBOX_")
+
+    port: int = Field(default=8004, ge=1, le=65535, description="Bind port.")
+    bwrap: str = Field(default="bwrap", description="The bubblewrap binary (Debian: bubblewrap).")
+    python: str = Field(
+        default_factory=_default_python,
+        description="The interpreter programs run under (its prefix is bound read-only; its "
+        "site-packages are hidden: programs get the standard library only).",
+    )
+    workers: int = Field(
+        default_factory=lambda: os.cpu_count() or 1,
+        ge=1,
+        le=256,
+        description="Programs running at once (default: CPU count).",
+    )
+    spare: int = Field(
+        default=2,
+        ge=0,
+        le=256,
+        description="Sandboxes started ahead beyond `workers`, waiting for a program.",
+    )
+    uid: int = Field(
+        default=65534,
+        ge=1,
+        description="When the service runs as root, sandboxes run as this user (nobody): "
+        "the kernel enforces the process limit only for a user other than root.",
+    )
+    gid: int = Field(default=65534, ge=1, description="Group of the sandboxes (see uid).")
+    test_timeout_s: float = Field(
+        default=10.0, gt=0, le=60, description="The most a test (or a grade call) may ask for."
+    )
+    item_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=600,
+        description="Wall-clock limit of one response's whole run (all its tests); tests not "
+        "reached by then fail with 'not run: out of time'.",
+    )
+    queue_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        description="How long a response may wait for a free sandbox; past it: null "
+        "'timeout' (retryable).",
+    )
+    memory_mb: int = Field(
+        default=512, ge=64, le=65536, description="Address space per process (RLIMIT_AS)."
+    )
+    max_processes: int = Field(
+        default=8, ge=1, le=1024, description="Processes per sandbox (RLIMIT_NPROC)."
+    )
+    max_file_mb: int = Field(default=16, ge=1, le=4096, description="Largest file (RLIMIT_FSIZE).")
+    max_open_files: int = Field(default=64, ge=16, le=4096, description="RLIMIT_NOFILE.")
+    tmp_mb: int = Field(default=64, ge=1, le=4096, description="Size of the sandbox's /tmp.")
+    output_limit_bytes: int = Field(
+        default=1 << 20,
+        ge=1024,
+        le=1 << 30,
+        description="Most bytes a program may print (stdout and stderr, all its tests); past "
+        "it, the running and remaining tests fail with 'output limit'.",
+    )
+    max_tests: int = Field(default=512, ge=1, le=10_000, description="Most tests in a reference.")
+    max_items: int = Field(
+        default=4096, ge=1, description="Most responses in one request; past it: 413."
+    )
+    nice: int = Field(
+        default=19,
+        ge=0,
+        le=19,
+        description="Niceness of the programs: untrusted code yields the CPU to the "
+        "services on the same host.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> SandboxSettings:
+        if shutil.which(self.bwrap) is None:
+            raise ValueError(
+                f"SANDBOX_BWRAP={self.bwrap!r} not found: install bubblewrap "
+                "(apt-get install bubblewrap) or point SANDBOX_BWRAP at it"
+            )
+        if shutil.which(self.python) is None:
+            raise ValueError(
+                f"SANDBOX_PYTHON={self.python!r} not found: point it at a python3 interpreter"
+            )
+        if self.test_timeout_s > self.item_timeout_s:
+            raise ValueError(
+                f"SANDBOX_TEST_TIMEOUT_S={self.test_timeout_s} is above "
+                f"SANDBOX_ITEM_TIMEOUT_S={self.item_timeout_s}: one test could never finish"
+            )
+        return self
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> SandboxSettings:
+    return SandboxSettings()
