@@ -109,7 +109,7 @@ openapi: setup
 	$(VENV)/bin/arbiter openapi
 
 bench: setup
-	$(VENV)/bin/python -m bench.foundation
+	$(VENV)/bin/python -m bench.services.foundation
 
 # Every image `docker compose up` needs (docker/images.sh), with no registry if need be: the
 # bases are built from Debian packages where none can be pulled; IMAGES="all" adds the cpu

@@ -28,7 +28,7 @@ from torch.nn.attention.flex_attention import flex_attention
 
 ATTENTIONS = ("eager", "flex", "sdpa")  # forward(attention=...); the last two only at T == 1
 # flex decoding's tile settings: torch 2.11's sm90 default (2 warps, 1 stage) streamed the
-# 1.5B decode shape's K/V at 2.75 TB/s on an H200, these at 3.37 (bench.trainer_flex_micro)
+# 1.5B decode shape's K/V at 2.75 TB/s on an H200, these at 3.37 (bench.trainer.flex_micro)
 FLEX_KERNEL_OPTIONS = {"num_stages": 2, "num_warps": 4}
 SUPPORTED_TYPES = {"qwen2", "qwen3", "llama", "mistral"}
 POSITION_FREE_ROPE = {"default", "linear", "llama3", "yarn"}
@@ -115,7 +115,7 @@ def grouped_attention(
     added. Works in (KVH, B) order: over a cache laid out ``(KVH, B, C, D)`` a group's slots
     are one strided batch, read in place; over the sampler's ``(B, KVH, C, D)`` they are
     copied first. Slower than ``eager_attention`` in both layouts at 1.5B on an H100
-    (``bench.trainer_decode_micro``)."""
+    (``bench.trainer.decode_micro``)."""
     b, h_q, t, d = q.shape
     h_kv, s = keys.shape[1], keys.shape[2]
     hg, u = h_q // h_kv, b // rows

@@ -92,7 +92,7 @@ class Sampler:
     Off by default: ``group_attention`` -- rows in adjacent runs of G identical prompts
     (GRPO) get their prompts left-padded to the cache's first C - N slots, which a step reads
     once per group (``decoder.grouped_attention``; compiled, slower on an H100, in either
-    cache layout: ``bench.trainer_decode_micro``). ``attention`` (decode steps): "eager"
+    cache layout: ``bench.trainer.decode_micro``). ``attention`` (decode steps): "eager"
     (default; HF's numerics) or "flex" / "sdpa" (one fused kernel,
     ``decoder.fused_attention``, float32 scores; no faster at 1.5B on an H200; a failed
     compile falls back to eager).

@@ -8,7 +8,7 @@ G=$PWD/.carry/embedding/gsm8k
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc; uptime
   python3 -c "import httptools, uvloop, sentence_transformers, torch; print('httptools', httptools.__version__, 'uvloop', uvloop.__version__, 'st', sentence_transformers.__version__, 'torch', torch.__version__)"; } 2>&1 | tee $OUT/gpu.txt
 F='httpx|Loading|Batches|Writing'
-timeout 250 python3 -m bench.embedding --device cuda --dtype float16 --model $M --gsm8k $G \
+timeout 250 python3 -m bench.services.embedding --device cuda --dtype float16 --model $M --gsm8k $G \
   --rounds 4 --per-client 16 --batch-sizes 128,256,512 --encode-worker thread,process \
   --max-batch-texts 128,256 --json $OUT/gpu.json 2>&1 | grep -v -E "$F" | tee $OUT/gpu.log
 uptime | tee -a $OUT/gpu.txt

@@ -9,7 +9,7 @@
 # graphs,compiled; also eager, compiled_whole_cache) pick less. Carry [".carry/trainer"].
 # SMALL=1 runs the same command on a CPU (no wheels installed). STEPS: timed steps (default
 # 4); TAG names the log; the card's clocks, power and throttle reasons are logged every
-# 500 ms beside it. EXTRA: more bench.trainer_speed options (e.g. --no-reuse-graphs).
+# 500 ms beside it. EXTRA: more bench.trainer.speed options (e.g. --no-reuse-graphs).
 source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 OUT=${OUT:-/tmp/trainer_1p5b_out}
 PY=${PY:-python3}
@@ -19,7 +19,7 @@ command -v nvidia-smi >/dev/null && { nvidia-smi -lms 500 --format=csv --query-g
 clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active > $OUT/$TAG.smi.csv &
 SMI=$!; }
 ANCHOR_SHAPE=qwen2.5-1.5b ANCHOR_PROMPTS=32 ANCHOR_G=8 ANCHOR_NEW=512 ANCHOR_TRL_BS=16 \
-  timeout ${LIMIT:-560} $PY -m bench.trainer_speed --phases ${PHASES:-ours,trl,ours_fast} --steps ${STEPS:-4} \
+  timeout ${LIMIT:-560} $PY -m bench.trainer.speed --phases ${PHASES:-ours,trl,ours_fast} --steps ${STEPS:-4} \
   --micro-batch 8 --gradient-checkpointing --keep-layers ${KEEP_LAYERS:-2} --keep-logits \
   --free-sampler-cache --trl-batch 16 ${EXTRA:-} \
   --gsm8k .carry/trainer/gsm8k/train.jsonl --sampler-modes "${MODES-graphs,compiled}" 2>&1 \

@@ -14,12 +14,12 @@ export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 PY=${PY:-python3}
 W=/tmp/trainer_7b
 set -o pipefail
-timeout ${LIMIT:-570} $PY -m bench.trainer_fsdp --work $W --nproc 2 --steps ${STEPS:-6} \
+timeout ${LIMIT:-570} $PY -m bench.trainer.fsdp --work $W --nproc 2 --steps ${STEPS:-6} \
   --timeout ${T:-500} --tag 7b "${EXTRA[@]}" 2>&1 | grep -v "it/s\]" > $OUT/trainer_7b.log
 echo "rc=$?"; tail -c 1500 $OUT/trainer_7b.log
 grep -E "WARN|Error|error|Traceback|OutOfMemory" $OUT/trainer-fsdp_7b.log | head -10
 if [ "${ONE_GPU:-0}" = 1 ]; then
-  CUDA_VISIBLE_DEVICES=0 timeout ${LIMIT1:-270} $PY -m bench.trainer_fsdp --work ${W}_1 \
+  CUDA_VISIBLE_DEVICES=0 timeout ${LIMIT1:-270} $PY -m bench.trainer.fsdp --work ${W}_1 \
     --model $W/model --nproc 1 --steps ${STEPS:-6} --timeout ${T1:-240} --tag 7b_1gpu \
     "${EXTRA[@]}" fsdp=false 2>&1 | grep -v "it/s\]" > $OUT/trainer_7b_1gpu.log
   echo "rc1=$?"; tail -c 1500 $OUT/trainer_7b_1gpu.log

@@ -6,6 +6,6 @@
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/trainer/whl/*.whl 2>/dev/null || exit 1
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name --format=csv,noheader
-timeout ${LIMIT:-200} python3 -m bench.trainer_learn --nproc 2 --steps ${STEPS:-300} --timeout ${T:-130} \
+timeout ${LIMIT:-200} python3 -m bench.trainer.learn --nproc 2 --steps ${STEPS:-300} --timeout ${T:-130} \
   --compare-steps 0 --tag ddp2 rollouts_per_step=256 2>&1 | grep -v "it/s\]" | tail -2 | cut -c1-2500
 grep -E "rank|NCCL|world" $OUT/trainer-learn_ddp2.log | head -5

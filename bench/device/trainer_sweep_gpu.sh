@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device call: a sweep of honest GRPO settings, all runs side by side on one GPU (each with its
 # own verify + gateway; contention makes every run slower, so compare runs at equal step counts,
-# not by wall time), then bench.arith_probe on the warm start and on each run's final policy.
+# not by wall time), then bench.trainer.arith_probe on the warm start and on each run's final policy.
 # The chosen setting is then timed alone (trainer_learn_gpu.sh). Carry [".carry/trainer"].
 #   bash bench/device/trainer_sweep_gpu.sh SWEEP_FILE   (lines: TAG SFT_STEPS key=value...)
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/trainer/whl/*.whl 2>/dev/null || exit 1
@@ -10,7 +10,7 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/sweep.txt
 T=${T:-400}
 run() {  # tag sft_steps overrides...
   local tag=$1 sft=$2; shift 2
-  timeout $((T + 90)) python3 -m bench.trainer_learn --sft-steps $sft --sft-check-every 100 \
+  timeout $((T + 90)) python3 -m bench.trainer.learn --sft-steps $sft --sft-check-every 100 \
     --steps 4000 --timeout $T --compare-steps 0 --verify-workers 3 --tag $tag \
     --work /tmp/w-$tag --out /tmp/o-$tag group_size=16 eval_every=100 "$@" \
     >/tmp/log-$tag 2>&1
@@ -29,6 +29,6 @@ first=1
 for w in /tmp/w-*; do
   [ $first = 1 ] && sft=$w/sft || sft=; first=0
   for m in $sft $(ls -d $w/run/checkpoints/step-* 2>/dev/null | tail -1); do
-    echo "probe $m $(python3 -m bench.arith_probe $m $w/arith 2>/dev/null)" | tee -a $OUT/sweep.txt
+    echo "probe $m $(python3 -m bench.trainer.arith_probe $m $w/arith 2>/dev/null)" | tee -a $OUT/sweep.txt
   done
 done

@@ -1,7 +1,7 @@
 """arbiter.trainer.decoder's attentions on CPU: the fused decode attention (flex attention and
 SDPA, run eagerly here) against the eager HF-numerics attention, on random inputs with
 left padding and unfilled cache slots masked. The compiled kernels run on the lent GPU
-(bench/trainer_sampler_probe.py)."""
+(bench/trainer/sampler_probe.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """arbiter.trainer.generation on CPU with the tiny Qwen2: exact against HF generate, masks, seeding.
 
 The CUDA-graph path runs the same functional forward as the CPU path here; the GPU speed and
-graph replay are exercised by bench/trainer_speed.py on the lent GPU.
+graph replay are exercised by bench/trainer/speed.py on the lent GPU.
 """
 
 from __future__ import annotations

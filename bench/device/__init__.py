@@ -1,0 +1,1 @@
+"""Benchmarks of the device: ``python -m bench.device.<name>``."""

@@ -1,0 +1,1 @@
+"""Benchmarks of the services: ``python -m bench.services.<name>``."""

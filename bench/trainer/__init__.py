@@ -1,0 +1,1 @@
+"""Benchmarks of the trainer: ``python -m bench.trainer.<name>``."""

@@ -1,0 +1,64 @@
+"""bench.device.regress: the verdicts (a crash, a regression past its allowance, accuracy that
+does not rise each fail) and bench/device/regress.sh with SMALL=1, every part run on the CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+
+from bench.device.regress import CHECKS, verdicts
+
+REPO = Path(__file__).resolve().parents[3]
+ANCHOR = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
+GPU = Namespace(small=False, learn_steps=300, calc_steps=5)
+
+
+def _run(**parts: dict[str, object]) -> dict[str, str]:
+    rec = {"learn.accuracy_after": 36.2, "speed.ratio": 2.5, "speed.ours_peak_GiB": 13.0}
+    return {r[0]: r[4] for r in verdicts(GPU, parts, rec)}
+
+
+def test_a_figure_inside_its_allowance_passes_and_one_outside_fails() -> None:
+    ok = _run(speed={"rc": 0, "ratio": 2.5 * (1 - CHECKS["speed.ratio"][1]) + 0.01,
+                     "ours_peak_GiB": 13.3})  # fmt: skip
+    assert set(ok.values()) == {"ok"}
+    bad = _run(speed={"rc": 0, "ratio": 2.5 * (1 - CHECKS["speed.ratio"][1]) - 0.01,
+                      "ours_peak_GiB": 14.0})  # fmt: skip
+    assert bad["speed.ratio"] == bad["speed.ours_peak_GiB"] == "FAIL (regression)"
+
+
+def test_a_crash_a_short_run_and_accuracy_that_does_not_rise_fail() -> None:
+    got = _run(
+        learn={"rc": 0, "steps": 120, "accuracy_before": 24.2, "accuracy_after": 24.0},
+        embed={"rc": -9, "texts_per_s": None},
+    )
+    assert got["learn.steps"] == "FAIL (stopped early)"
+    assert got["learn.accuracy_after"] == "FAIL (did not rise)"
+    assert got["embed.rc"] == "FAIL (crash)" and got["embed.texts_per_s"] == "FAIL (missing)"
+    # risen, but past the allowance below the recorded figure
+    low = _run(learn={"rc": 0, "steps": 300, "accuracy_before": 20.0, "accuracy_after": 29.0})
+    assert low["learn.accuracy_after"] == "FAIL (regression)"
+
+
+@pytest.mark.skipif(not ANCHOR.exists(), reason="the TRL anchor is not beside the checkout")
+def test_regress_sh_small_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    env = os.environ | {"SMALL": "1", "PY": sys.executable, "OUT": str(out), "LIMIT": "540"}
+    proc = subprocess.run(
+        ["bash", "bench/device/regress.sh", "--work", str(tmp_path / "work")],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    figures = json.loads((out / "regress.json").read_text())["figures"]
+    assert all(figures[f"{p}.rc"] == 0 for p in ("learn", "calc", "speed", "embed"))
+    assert figures["learn.steps"] == 3 and figures["calc.steps"] == 2
+    assert figures["calc.turns_mean"] >= 1
+    assert figures["speed.ours_tokens_per_s"] > 0 and figures["speed.trl_tokens_per_s"] > 0
+    assert figures["embed.texts_per_s"] > 0
+    assert "| learn.steps | 3 |" in proc.stdout
