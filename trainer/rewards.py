@@ -1,24 +1,24 @@
 """Rewards from the Arbiter gateway, fetched in the background while the GPU works.
 
-``RewardClient.submit(groups)`` returns at once with a ``concurrent.futures.Future``; the
-requests (one ``POST /v1/score`` per group, at most ``concurrency`` in flight) run on an
-asyncio event loop in a daemon thread with one shared ``httpx.AsyncClient``. The trainer
+``RewardClient.submit(recipe, groups)`` returns at once with a ``concurrent.futures.Future``;
+the requests (one ``POST /v1/score`` per group) run on an asyncio event loop in a daemon
+thread, through one ``arbiter.client.ArbiterClient``: its async pool (at most
+``reward_concurrency`` requests in flight), its retry policy and its errors. The trainer
 computes reference/old log-probs meanwhile and then blocks on ``result()``; the time it
 still blocks is the reward wait it logs.
 
-Failure policy (``arbiter.errors``): connect errors, timeouts, 429 and every 5xx are
-retried with exponential backoff (at least a 429's ``Retry-After``: a team's quota); when
-retries run out the whole batch fails with ``RewardsUnavailable`` (an ``Unavailable``) and
-the trainer skips it (never trains on invented rewards). A 4xx other than 429 is a bug in
-the request or the recipe: the gateway's ``InvalidRequest`` (e.g. ``Unprocessable`` for an
-unknown recipe, ``NotConfigured`` for a recipe whose component the gateway has not
-configured) is raised as it came, and stops the run. ``check_recipe`` asks the same of
-``GET /v1/recipes`` once at start, before a model is loaded.
-
-Every group's request carries an ``Idempotency-Key`` (a fresh UUID), the same on each of
-its retries: a retry after a dropped connection gets the gateway's stored answer and is
-counted once in the team's usage and quota. The API key is ``api_key`` (the trainer's
-``api_key`` setting), else ``$ARBITER_API_KEY``, sent as ``Authorization: Bearer``.
+Failure policy (``arbiter.errors``): the client retries what may heal (connect errors,
+timeouts, 429 after its ``Retry-After``, every 5xx) with exponential back-off and jitter,
+each group's request with one ``Idempotency-Key`` on all its tries (a retry after a dropped
+connection gets the gateway's stored answer and is counted once in the team's usage and
+quota). When a group still fails that way, the whole batch fails with ``RewardsUnavailable``
+(an ``Unavailable``) and the trainer skips it: it never trains on invented rewards.
+Anything else stops the run as it came: a 4xx other than 429 is a bug in the request or
+the recipe (``InvalidRequest``: ``Unprocessable`` for an unknown recipe, ``NotConfigured``
+for a recipe whose component the gateway has not configured, ``Unauthorized``), and a 200
+whose body is not a ``ScoreResponse`` is ``BadResponse`` (the same request would get the
+same body). ``check_recipes`` asks ``GET /v1/recipes`` once at start, before a model is
+loaded. The API key is the trainer's ``api_key`` setting, else ``$ARBITER_API_KEY``.
 """
 
 from __future__ import annotations
@@ -26,32 +26,27 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 import threading
 import time
-import uuid
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
-from arbiter.client import ArbiterClient, RetryPolicy
-from arbiter.errors import (
-    ArbiterError,
-    BadResponse,
-    InvalidRequest,
-    Timeout,
-    Unavailable,
-    from_response,
-)
-from arbiter.proto.gateway import Recipe, ScoreGroup, ScoreRequest, ScoreResponse
+from arbiter.client import ArbiterClient, RecipeArg, RetryPolicy
+from arbiter.errors import ArbiterError, Unavailable
+from arbiter.proto.gateway import ScoreGroup, ScoreResponse
+from arbiter.trainer.config import TrainerConfig
 
 log = logging.getLogger(__name__)
 
+# The start check asks twice at most, each try within 10 s: a gateway that is down only
+# warns (the loop rides out an outage), so there is no point waiting long for it.
+START_CHECK_RETRY = RetryPolicy(attempts=2)
+START_CHECK_TIMEOUT_S = 10.0
+
 
 class RewardsUnavailable(Unavailable):
-    """The gateway could not be reached (or kept failing) past the retry limit."""
+    """A group's request still failed retryably (gateway down, 5xx, 429) after the retries."""
 
 
 @dataclass
@@ -109,99 +104,67 @@ class BatchRewards:
         return out
 
 
-def check_recipe(
-    base_url: str,
-    recipe: str | dict[str, Any] | Recipe,
-    *,
-    api_key: str = "",
-    timeout_s: float = 10.0,
-) -> None:
-    """The start check: one ``GET /v1/recipes``. A recipe the gateway cannot serve (unknown
-    there, or a component it has not configured: ``NotConfigured``) and a refused key raise
-    the gateway's ``InvalidRequest``, and the run stops before loading a model. A gateway
-    that cannot be reached only warns: the loop rides out an outage (batches skipped)."""
-    client = ArbiterClient(
-        base_url, api_key=api_key or None, timeout=timeout_s, retry=RetryPolicy(attempts=2)
+def gateway_client(cfg: TrainerConfig) -> ArbiterClient:
+    """The trainer's client of the gateway: each try within ``reward_timeout_s``,
+    ``reward_retries`` retries from ``reward_backoff_s`` (the client's ``RetryPolicy``), a
+    pool of ``reward_concurrency`` connections (as many requests in flight)."""
+    retry = RetryPolicy(attempts=cfg.reward_retries + 1, base_delay=cfg.reward_backoff_s)
+    return ArbiterClient(
+        cfg.gateway_url,
+        api_key=cfg.api_key or None,
+        timeout=cfg.reward_timeout_s,
+        retry=retry,
+        max_connections=cfg.reward_concurrency,
     )
-    try:
-        client.check_recipe(recipe)
-    except InvalidRequest:
-        raise
-    except ArbiterError as e:
-        log.warning("could not check the recipe at start (%s); starting anyway", e.message)
-    finally:
-        client.close()
 
 
-def _recipe(recipe: str | dict[str, Any] | Recipe) -> str | Recipe:
-    if isinstance(recipe, (str, Recipe)):
-        return recipe
-    return Recipe.model_validate(recipe)
-
-
-def _retry_after(resp: httpx.Response) -> float:
-    """A 429's ``Retry-After`` in seconds (capped at 120), else 0."""
-    try:
-        return min(120.0, max(0.0, float(resp.headers.get("retry-after", 0))))
-    except ValueError:  # an HTTP date: the back-off alone
-        return 0.0
+def check_recipes(cfg: TrainerConfig) -> None:
+    """The start check of ``recipe`` (and ``eval_recipe`` when evaluating): one
+    ``GET /v1/recipes``. A recipe the gateway cannot serve (unknown there, or a component
+    it has not configured: ``NotConfigured``) and a refused key raise the gateway's
+    ``InvalidRequest``, and the run stops before loading a model. A gateway that cannot be
+    reached only warns: the loop rides out an outage (batches skipped)."""
+    recipes = [cfg.recipe, cfg.eval_recipe] if cfg.eval_every else [cfg.recipe]
+    client = ArbiterClient(
+        cfg.gateway_url,
+        api_key=cfg.api_key or None,
+        timeout=START_CHECK_TIMEOUT_S,
+        retry=START_CHECK_RETRY,
+    )
+    with client:
+        for recipe in [r for i, r in enumerate(recipes) if r not in recipes[:i]]:
+            client.check_recipe(recipe, unreachable="warn")
 
 
 class RewardClient:
-    """Background-thread client for ``POST /v1/score``; see the module docstring."""
+    """Scores batches in the background through ``client``; see the module docstring.
 
-    def __init__(
-        self,
-        base_url: str,
-        *,
-        concurrency: int = 16,
-        timeout_s: float = 120.0,
-        retries: int = 4,
-        backoff_s: float = 0.5,
-        api_key: str = "",
-    ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.concurrency = concurrency
-        self.timeout_s = timeout_s
-        self.retries = retries
-        self.backoff_s = backoff_s
-        api_key = api_key or os.environ.get("ARBITER_API_KEY", "")
-        self.headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    ``RewardClient.from_config(cfg)`` is the trainer's; it owns the client and closes it."""
+
+    def __init__(self, client: ArbiterClient) -> None:
+        self.client = client
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run, name="rewards", daemon=True)
         self._thread.start()
-        self._client: httpx.AsyncClient | None = None
-        self._sem: asyncio.Semaphore | None = None
-        asyncio.run_coroutine_threadsafe(self._setup(), self._loop).result()
+
+    @classmethod
+    def from_config(cls, cfg: TrainerConfig) -> RewardClient:
+        return cls(gateway_client(cfg))
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()
 
-    async def _setup(self) -> None:
-        limits = httpx.Limits(
-            max_connections=self.concurrency, max_keepalive_connections=self.concurrency
-        )
-        self._client = httpx.AsyncClient(
-            timeout=self.timeout_s, limits=limits, headers=self.headers
-        )
-        self._sem = asyncio.Semaphore(self.concurrency)
-
-    def submit(
-        self, recipe: str | dict[str, Any] | Recipe, groups: list[ScoreGroup]
-    ) -> Future[BatchRewards]:
+    def submit(self, recipe: RecipeArg, groups: list[ScoreGroup]) -> Future[BatchRewards]:
         """Start scoring ``groups`` (one request each); returns immediately."""
-        return asyncio.run_coroutine_threadsafe(
-            self._score_batch(_recipe(recipe), groups), self._loop
-        )
+        return asyncio.run_coroutine_threadsafe(self._score_batch(recipe, groups), self._loop)
 
-    def score(
-        self, recipe: str | dict[str, Any] | Recipe, groups: list[ScoreGroup]
-    ) -> BatchRewards:
+    def score(self, recipe: RecipeArg, groups: list[ScoreGroup]) -> BatchRewards:
         return self.submit(recipe, groups).result()
 
-    async def _score_batch(self, recipe: str | Recipe, groups: list[ScoreGroup]) -> BatchRewards:
+    async def _score_batch(self, recipe: RecipeArg, groups: list[ScoreGroup]) -> BatchRewards:
         t0 = time.perf_counter()
+        # one task per group; the client keeps at most reward_concurrency of them sending
         tasks = [asyncio.ensure_future(self._score_group(recipe, g)) for g in groups]
         try:
             results = await asyncio.gather(*tasks)
@@ -230,46 +193,18 @@ class RewardClient:
             elapsed_s=time.perf_counter() - t0,
         )
 
-    async def _score_group(self, recipe: str | Recipe, group: ScoreGroup) -> ScoreResponse:
-        assert self._client is not None and self._sem is not None
-        body = ScoreRequest(recipe=recipe, groups=[group]).model_dump(mode="json")
-        url = f"{self.base_url}/v1/score"
-        headers = {"Idempotency-Key": uuid.uuid4().hex}  # the same on every retry
-        last: ArbiterError = Unavailable("no attempt made")
-        retry_after = 0.0  # a 429's Retry-After (a team's quota): wait at least that long
-        for attempt in range(self.retries + 1):
-            if attempt:
-                delay = max(min(30.0, self.backoff_s * 2 ** (attempt - 1)), retry_after)
-                log.info("gateway retry %d/%d in %.1fs (%s)", attempt, self.retries, delay, last)
-                await asyncio.sleep(delay)
-            try:
-                async with self._sem:
-                    resp = await self._client.post(url, json=body, headers=headers)
-            except (httpx.TransportError, httpx.TimeoutException) as e:
-                unreachable = Timeout if isinstance(e, httpx.TimeoutException) else Unavailable
-                last = unreachable(f"{type(e).__name__}: {e}")
-                continue
-            if resp.status_code == 200:
-                try:
-                    return ScoreResponse.model_validate_json(resp.content)
-                except ValueError as e:  # e.g. a proxy's page: retried like an outage
-                    last = BadResponse(f"bad response body: {e}"[:500])
-                    continue
-            last = from_response(resp.status_code, resp.content, source="gateway")
-            retry_after = _retry_after(resp)
-            if isinstance(last, InvalidRequest):  # the request's fault: retrying cannot help
-                raise last
-        raise RewardsUnavailable(
-            f"gateway {self.base_url} failed after {self.retries + 1} attempts: {last}"
-        ) from last
+    async def _score_group(self, recipe: RecipeArg, group: ScoreGroup) -> ScoreResponse:
+        try:
+            return await self.client.ascore([group], recipe)
+        except ArbiterError as e:
+            if not e.retryable:  # the request's fault or a broken answer: stop the run
+                raise
+            raise RewardsUnavailable(f"group {group.id!r}: {e.message}") from e
 
     def close(self) -> None:
-        async def _close() -> None:
-            if self._client is not None:
-                await self._client.aclose()
-
-        if self._loop.is_running():
-            asyncio.run_coroutine_threadsafe(_close(), self._loop).result(timeout=10)
+        """Close the client's pools and stop the thread (a second call does nothing)."""
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self.client.aclose(), self._loop).result(timeout=10)
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
             if not self._thread.is_alive():

@@ -22,7 +22,7 @@ from arbiter.trainer.data import Problem, load_problems
 from arbiter.trainer.generation import Sampler
 from arbiter.trainer.grpo import allocate_state, build_optimizer
 from arbiter.trainer.metrics import RunLogger
-from arbiter.trainer.rewards import RewardClient, check_recipe
+from arbiter.trainer.rewards import RewardClient, check_recipes
 from arbiter.trainer.rollout import RolloutSpec
 from arbiter.trainer.sampling import SamplingParams
 from arbiter.trainer.setup import (
@@ -106,9 +106,7 @@ def build_run(cfg: TrainerConfig) -> Run:
     setup_logging(dist.main)
     check_model_path(cfg.model)
     # before anything is loaded or written: a recipe the gateway cannot serve stops here
-    recipes = [cfg.recipe, cfg.eval_recipe] if cfg.eval_every else [cfg.recipe]
-    for recipe in [r for i, r in enumerate(recipes) if r not in recipes[:i]]:
-        check_recipe(cfg.gateway_url, recipe, api_key=cfg.api_key)
+    check_recipes(cfg)
     precision = resolve_precision(cfg.precision, device)
     run_dir = prepare_run_dir(cfg, dist)
     if dist.main:
@@ -172,14 +170,7 @@ def build_run(cfg: TrainerConfig) -> Run:
         if cfg.eval_every
         else []
     )
-    rewards = RewardClient(
-        cfg.gateway_url,
-        concurrency=cfg.reward_concurrency,
-        timeout_s=cfg.reward_timeout_s,
-        retries=cfg.reward_retries,
-        backoff_s=cfg.reward_backoff_s,
-        api_key=cfg.api_key,
-    )
+    rewards = RewardClient.from_config(cfg)
     logger = RunLogger(
         run_dir,
         total_steps=cfg.steps,

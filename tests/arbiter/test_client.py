@@ -3,21 +3,29 @@
 from __future__ import annotations
 
 import asyncio
-import json
+import email.utils
 import logging
 import pickle
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from arbiter.client import ArbiterClient, ArbiterError, NotConfigured, RetryPolicy, trl_reward
+from arbiter.client import (
+    NO_RETRY,
+    ArbiterClient,
+    ArbiterError,
+    NotConfigured,
+    RetryPolicy,
+    trl_reward,
+)
+from arbiter.errors import BadResponse
 from arbiter.procs import free_port, service_process
-from arbiter.proto.gateway import GroupScore, RecipeComponent, RecipeRef, ScoreResponse, ScoreUsage
+from arbiter.proto.gateway import ScoreResponse
+from tests.arbiter.scripted import Scripted, envelope, serve
 
 GOOD = "<think>9 + 9 = 18</think><answer>18</answer>"
 WRONG = "<think>guess</think><answer>17</answer>"
@@ -104,9 +112,10 @@ def test_a_recipe_the_gateway_cannot_serve_is_not_configured(
                 client.score([GROUP], recipe, on_error)
             assert info.value.status == 422 and not info.value.retryable
             assert info.value.message.endswith(listed[recipe].reason or "?")
-        with pytest.raises(NotConfigured) as checked:
-            client.check_recipe(recipe)
-        assert checked.value.message == listed[recipe].reason
+        for unreachable in ("raise", "warn"):  # a refusal is raised either way
+            with pytest.raises(NotConfigured) as checked:
+                client.check_recipe(recipe, unreachable=unreachable)
+            assert checked.value.message == listed[recipe].reason
         client.check_recipe("gsm8k")  # served: no error
         inline = {"components": [{"name": "format"}, {"name": "judge_quality"}]}
         with pytest.raises(NotConfigured, match=r"^recipe \(inline\): component 'judge_"):
@@ -195,62 +204,24 @@ def test_score_rides_out_a_gateway_restart(
         gateway.stop()
 
 
-# -- what the client sends: a scripted server -----------------------------------------------
-# The gateway cannot yet be made to answer 429 with Retry-After, nor show the headers it
-# received; a small real HTTP server plays the scripted answers instead.
-
-
-def _body() -> bytes:
-    out = ScoreResponse(
-        recipe=RecipeRef(name="gsm8k", fingerprint="sha256:0",
-                         components=[RecipeComponent(name="format")]),
-        groups=[GroupScore(id="q", rewards=[1.0], components={"format": [1.0]}, masked=[False])],
-        usage=ScoreUsage(),
-    )  # fmt: skip
-    return out.model_dump_json().encode()
-
-
-def _envelope(kind: str) -> bytes:
-    return json.dumps({"error": {"type": kind, "message": kind}}).encode()
+# -- what the client sends and how it retries: a scripted stand-in for the gateway ---------
+# The gateway cannot be made to answer 503 on the n-th try, nor a 200 with a proxy's page,
+# nor show the headers it received; a small real HTTP server plays the answers instead.
 
 
 @pytest.fixture
-def scripted() -> Iterator[tuple[str, list[tuple[int, dict[str, str], bytes]], list[Any]]]:
-    """(url, answers to play in order, requests seen as (headers, arrival time))."""
-    answers: list[tuple[int, dict[str, str], bytes]] = []
-    seen: list[Any] = []
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers["Content-Length"]))
-            seen.append((dict(self.headers), time.monotonic()))
-            status, headers, body = answers.pop(0) if answers else (200, {}, _body())
-            self.send_response(status)
-            for k, v in {"Content-Type": "application/json", **headers}.items():
-                self.send_header(k, v)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", answers, seen
-    server.shutdown()
+def scripted() -> Iterator[Scripted]:
+    yield from serve(Scripted())
 
 
-def test_retries_keep_one_idempotency_key_and_honour_retry_after(
-    scripted: tuple[str, list[Any], list[Any]],
-) -> None:
-    url, answers, seen = scripted
-    answers += [
-        (503, {}, _envelope("unavailable")),  # retried after a short backoff
-        (429, {"Retry-After": "1"}, _envelope("rate_limited")),  # retried after 1 s
+def test_retries_keep_one_idempotency_key_and_honour_retry_after(scripted: Scripted) -> None:
+    scripted.answers += [
+        (503, {}, envelope("unavailable")),  # retried after a short backoff
+        (429, {"Retry-After": "1"}, envelope("rate_limited")),  # retried after 1 s
     ]
-    client = ArbiterClient(url, api_key="secret", retry=RetryPolicy(base_delay=0.01))
+    client = ArbiterClient(scripted.url, api_key="secret", retry=RetryPolicy(base_delay=0.01))
     assert client.score([GROUP]).groups[0].rewards == [1.0]
+    seen = scripted.seen
     assert len(seen) == 3
     keys = {headers["Idempotency-Key"] for headers, _ in seen}
     assert len(keys) == 1 and len(keys.pop()) == 32  # one key for the call and its retries
@@ -260,6 +231,58 @@ def test_retries_keep_one_idempotency_key_and_honour_retry_after(
     assert seen[3][0]["Idempotency-Key"] not in {h["Idempotency-Key"] for h, _ in seen[:3]}
 
 
+def test_retry_after_as_an_http_date(scripted: Scripted) -> None:
+    # RFC 9110 allows a date instead of seconds; 3 s ahead, written to the second
+    when = email.utils.formatdate(time.time() + 3, usegmt=True)
+    scripted.answers.append((429, {"Retry-After": when}, envelope("rate_limited")))
+    client = ArbiterClient(scripted.url, retry=RetryPolicy(base_delay=0.01))
+    assert client.score([GROUP]).groups[0].rewards == [1.0]
+    (_, first), (_, second) = scripted.seen
+    assert second - first >= 1.5  # the date's 2-3 s, not the 10 ms back-off
+
+
+@pytest.mark.parametrize("use_async", [False, True])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html><body>502 Bad Gateway</body></html>",  # a proxy's page with a 200
+        b'{"groups": []}',  # JSON, but not a ScoreResponse
+    ],
+)
+def test_a_200_whose_body_does_not_parse_is_a_bad_response_not_a_retry(
+    scripted: Scripted, body: bytes, use_async: bool
+) -> None:
+    """The same request would get the same body: raised at once (``BadResponse``, not
+    retryable), never retried, never a pydantic error."""
+    scripted.answers.append((200, {}, body))
+    client = ArbiterClient(scripted.url, retry=FAST)
+    with pytest.raises(BadResponse, match="body is not a ScoreResponse") as info:
+        if use_async:
+            asyncio.run(client.ascore([GROUP]))
+        else:
+            client.score([GROUP])
+    assert info.value.status == 502 and not info.value.retryable
+    assert scripted.url in info.value.message
+    assert len(scripted.seen) == 1
+
+
+def test_max_connections_bounds_requests_and_waiting_is_not_a_timeout(
+    scripted: Scripted,
+) -> None:
+    """8 calls at once through 2 connections, each answer 0.4 s, each try allowed 1 s: the
+    last calls wait ~1.2 s for a place. That wait is not a try: no call times out or
+    retries (httpx alone would raise PoolTimeout past 1 s), and at most 2 are in flight."""
+    scripted.delay_s = 0.4
+    client = ArbiterClient(scripted.url, timeout=1.0, retry=NO_RETRY, max_connections=2)
+
+    async def all_at_once() -> list[ScoreResponse]:
+        return await asyncio.gather(*(client.ascore([GROUP]) for _ in range(8)))
+
+    outs = asyncio.run(all_at_once())
+    assert [o.groups[0].rewards for o in outs] == [[1.0]] * 8
+    assert len(scripted.seen) == 8 and scripted.most_in_flight <= 2
+
+
 @pytest.mark.parametrize(
     ("status", "kind"),
     [
@@ -267,24 +290,32 @@ def test_retries_keep_one_idempotency_key_and_honour_retry_after(
         (413, "payload_too_large"),  # too big: split it, do not resend it
     ],
 )
-def test_client_errors_are_not_retried(
-    scripted: tuple[str, list[Any], list[Any]], status: int, kind: str
-) -> None:
-    url, answers, seen = scripted
-    answers.append((status, {}, _envelope(kind)))
+def test_client_errors_are_not_retried(scripted: Scripted, status: int, kind: str) -> None:
+    scripted.answers.append((status, {}, envelope(kind)))
     with pytest.raises(ArbiterError) as info:
-        ArbiterClient(url, retry=FAST).score([GROUP])
+        ArbiterClient(scripted.url, retry=FAST).score([GROUP])
     assert info.value.status == status and not info.value.retryable
-    assert len(seen) == 1
+    assert len(scripted.seen) == 1
 
 
-def test_retries_give_up_with_the_last_answer(scripted: tuple[str, list[Any], list[Any]]) -> None:
-    url, answers, seen = scripted
-    answers += [(504, {}, _envelope("timeout"))] * 3
+def test_retries_give_up_with_the_last_answer(scripted: Scripted) -> None:
+    scripted.answers += [(504, {}, envelope("timeout"))] * 3
     with pytest.raises(ArbiterError) as info:
-        ArbiterClient(url, retry=FAST).score([GROUP])
+        ArbiterClient(scripted.url, retry=FAST).score([GROUP])
     assert info.value.status == 504 and info.value.retryable
-    assert len(seen) == 3  # FAST allows three tries in all
+    assert len(scripted.seen) == 3  # FAST allows three tries in all
+
+
+def test_check_recipe_can_ride_out_an_unreachable_gateway(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    client = ArbiterClient(url, retry=FAST)
+    with pytest.raises(ArbiterError, match="not reached after 3 tries"):
+        client.check_recipe("gsm8k")  # the default: raise
+    with caplog.at_level(logging.WARNING, "arbiter.client"):
+        client.check_recipe("gsm8k", unreachable="warn")  # a long job that rides out outages
+    assert f"could not check recipe gsm8k at {url}" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -297,3 +328,8 @@ def test_retries_give_up_with_the_last_answer(scripted: tuple[str, list[Any], li
 def test_retry_policy_refuses_nonsense(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RetryPolicy(**kwargs)
+
+
+def test_max_connections_refuses_nonsense() -> None:
+    with pytest.raises(ValueError, match="max_connections must be >= 1"):
+        ArbiterClient("http://127.0.0.1:1", max_connections=0)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from arbiter.client import ArbiterClient
 from arbiter.errors import InvalidRequest, NotConfigured
 from arbiter.procs import free_port
 from arbiter.proto.gateway import ScoreGroup
@@ -179,7 +180,7 @@ def test_gateway_outage_skips_batches(
     with caplog.at_level(logging.WARNING, logger="trainer"):
         train(cfg)
     assert len(_records(run, "skip")) == 2 and _records(run, "train") == []
-    assert "batch skipped, no rewards" in caplog.text and "after 3 attempts" in caplog.text
+    assert "batch skipped, no rewards" in caplog.text and "not reached after 3 tries" in caplog.text
     # no invented rewards: the saved weights are the initial ones
     final = load_file(str(run / "checkpoints" / "step-000002" / "model.safetensors"))
     initial = load_file(str(tiny_model / "model.safetensors"))
@@ -200,7 +201,7 @@ def test_gateway_outage_skips_batches(
 
 
 def test_null_rewards_get_zero_advantage(gateway_url: str) -> None:
-    with RewardClient(gateway_url, concurrency=2) as client:
+    with RewardClient(ArbiterClient(gateway_url, max_connections=2)) as client:
         result = client.score(
             "gsm8k",
             [

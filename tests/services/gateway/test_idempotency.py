@@ -18,7 +18,7 @@ import httpx
 import pytest
 import redis
 
-from arbiter.client import ArbiterClient
+from arbiter.client import ArbiterClient, RetryPolicy
 from arbiter.proto.gateway import ScoreGroup
 from arbiter.trainer.rewards import RewardClient
 from tests.services.gateway.conftest import RawServer
@@ -174,7 +174,7 @@ def test_sdk_and_trainer_send_the_key_and_idempotency_key(
         ArbiterClient(gateway, api_key="").score(gs, "gsm8k")
     monkeypatch.setenv("ARBITER_API_KEY", keys.keys["sdk"])  # the trainer reads the env
     before = stored()
-    with RewardClient(gateway, retries=0) as rewards:
+    with RewardClient(ArbiterClient(gateway, retry=RetryPolicy(attempts=1))) as rewards:
         batch = rewards.score("gsm8k", [ScoreGroup.model_validate(g) for g in gs])
     assert len(batch.groups) == 2
     assert stored() - before == 2  # one request per group, each with its own key

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
+from arbiter.client import ArbiterClient, RetryPolicy
 from arbiter.errors import RateLimited
 from arbiter.keys import Principal, Team
 from arbiter.procs import ManagedProcess
@@ -111,7 +112,8 @@ def test_the_trainer_waits_out_a_429(
     assert post(url, {"recipe": "gsm8k", "groups": groups(10, 6)}, h).status_code == 200  # 60
     monkeypatch.setenv("ARBITER_API_KEY", keys.keys["trainer"])
     start = time.monotonic()
-    with RewardClient(url, retries=3, backoff_s=0.01) as rewards:  # back-off alone: 70 ms
+    retry = RetryPolicy(attempts=4, base_delay=0.01)  # back-off alone: at most 70 ms
+    with RewardClient(ArbiterClient(url, retry=retry)) as rewards:
         batch = rewards.score("gsm8k", [ScoreGroup.model_validate(g) for g in groups(1, 2)])
     assert len(batch.groups) == 1
     assert time.monotonic() - start >= 1.0  # it waited what Retry-After asked
