@@ -26,6 +26,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
+# One compose test per machine at a time: two would share the engine (the first to finish
+# stops the engine the other uses), the project name and the gateway's port 8000.
+if [ -z "${ARBITER_COMPOSE_LOCKED:-}" ]; then
+  echo "compose-test: waiting for /tmp/arbiter-compose-test.lock"
+  exec env ARBITER_COMPOSE_LOCKED=1 flock /tmp/arbiter-compose-test.lock bash "$0" "$@"
+fi
 export COMPOSE_PROJECT_NAME=arbiter-compose-test DOCKER_BUILDKIT=0
 STATE=${ARBITER_ENGINE_DIR:-/tmp/arbiter-engine}
 DATA=${ARBITER_DATA_DIR:-$REPO/../shared/data}
