@@ -30,7 +30,7 @@ REPO=$PWD
 # stops the engine the other uses), the project name and the gateway's port 8000.
 if [ -z "${ARBITER_COMPOSE_LOCKED:-}" ]; then
   echo "compose-test: waiting for /tmp/arbiter-compose-test.lock"
-  exec env ARBITER_COMPOSE_LOCKED=1 flock /tmp/arbiter-compose-test.lock bash "$0" "$@"
+  exec env ARBITER_COMPOSE_LOCKED=1 flock /tmp/arbiter-compose-test.lock bash "$REPO/tests/compose/run.sh" "$@"
 fi
 export COMPOSE_PROJECT_NAME=arbiter-compose-test DOCKER_BUILDKIT=0
 STATE=${ARBITER_ENGINE_DIR:-/tmp/arbiter-engine}
