@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import importlib
 import json
+from importlib import resources
 from pathlib import Path
 
-SERVICES = ("gateway", "verify", "embedding", "judge")
-OPENAPI_DIR = Path(__file__).resolve().parents[1] / "proto" / "openapi"
+SERVICES = ("gateway", "verify", "embedding", "judge", "sandbox")
+
+
+def spec_dir() -> Path:
+    """``proto/openapi/``, found by importlib.resources wherever ``arbiter.proto`` is installed:
+    the checkout's top-level ``proto/`` in an editable install, site-packages from a wheel."""
+    folder = resources.files("arbiter.proto") / "openapi"
+    if not isinstance(folder, Path):  # e.g. a zip import: no folder on disk to write to
+        raise RuntimeError(f"arbiter.proto's OpenAPI specs are not files on disk ({folder})")
+    return folder
+
+
+OPENAPI_DIR = spec_dir()
 
 
 def render(service: str) -> str:

@@ -89,6 +89,11 @@ class ScoreUsage(ArbiterModel):
     cache_misses: int = 0
     judge_prompt_tokens: int = 0
     judge_completion_tokens: int = 0
+    sandbox_cpu_ms: int = Field(
+        default=0,
+        description="CPU milliseconds the sandbox's programs used (code_tests, "
+        "python_grader); cached scores cost none.",
+    )
     elapsed_ms: float = 0.0
 
 

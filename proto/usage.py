@@ -23,6 +23,9 @@ class UsageDay(ArbiterModel):
     cache_misses: int = Field(default=0, description="Component scores computed.")
     judge_prompt_tokens: int = Field(default=0, description="As the judge reported them.")
     judge_completion_tokens: int = 0
+    sandbox_cpu_ms: int = Field(
+        default=0, description="CPU milliseconds of the team's programs in the sandbox."
+    )
     rate_limited: int = Field(default=0, description="Requests refused by a quota (429).")
     idempotent_replays: int = Field(
         default=0, description="Stored responses served again for an Idempotency-Key."

@@ -188,6 +188,7 @@ def _answers(scored: Scored, n: int, first: int) -> list[SampleScore]:
         counts = tally(scored, [(0, pos)])
         if pos != first:
             counts["judge_prompt_tokens"] = counts["judge_completion_tokens"] = 0
+            counts["sandbox_cpu_ms"] = 0
         out.append(
             SampleScore(
                 reward=scored.rewards[0][pos],

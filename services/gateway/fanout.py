@@ -88,6 +88,8 @@ HOW_TO_ADD = {
     "service's URL>",
     "verify": "docker compose and arbiter up start it; otherwise: GATEWAY_VERIFY_URL=<the "
     "verify service's URL>",
+    "sandbox": "run `arbiter serve sandbox` (it needs bubblewrap) and set "
+    "GATEWAY_SANDBOX_URL=<the sandbox service's URL>",
 }
 
 

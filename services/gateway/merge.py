@@ -31,6 +31,7 @@ class Merged:
     failures: list[ArbiterError] = field(default_factory=list)  # calls that failed as a whole
     prompt_tokens: int = 0  # the judge's, billed to the caller
     completion_tokens: int = 0
+    cpu_ms: float = 0.0  # the sandbox's programs', billed to the caller
 
 
 def merge(comps: list[ComponentScores], calls: list[Call], results: list[CallResult]) -> Merged:
@@ -50,6 +51,8 @@ def merge(comps: list[ComponentScores], calls: list[Call], results: list[CallRes
         if comp.bound.spec.service == "judge":  # embedding reports tokens too; not billed
             out.prompt_tokens += result.usage.prompt_tokens
             out.completion_tokens += result.usage.completion_tokens
+        elif comp.bound.spec.service == "sandbox":
+            out.cpu_ms += result.usage.cpu_ms
         _merge_one(comp, call.items, result, out.writes)
     return out
 

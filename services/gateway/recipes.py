@@ -24,6 +24,7 @@ from arbiter.proto.components import Granularity
 from arbiter.proto.embedding import DiversityParams
 from arbiter.proto.gateway import Recipe, RecipeComponent, RecipeRef
 from arbiter.proto.judge import QualityParams, VerifierParams
+from arbiter.proto.sandbox import CodeTestsParams, PythonGraderParams
 from arbiter.proto.verify import FormatParams, MathParams
 
 
@@ -33,7 +34,7 @@ class ComponentSpec:
     proto model its recipe params must pass (checked by the gateway, before any call)."""
 
     name: str
-    service: str  # verify | embedding | judge: picks GATEWAY_<SERVICE>_URL
+    service: str  # verify | embedding | judge | sandbox: picks GATEWAY_<SERVICE>_URL
     path: str
     granularity: Granularity
     params_model: type[ArbiterModel]
@@ -47,6 +48,10 @@ COMPONENTS: dict[str, ComponentSpec] = {
         ComponentSpec("diversity", "embedding", "/v1/diversity", "group", DiversityParams),
         ComponentSpec("judge_quality", "judge", "/v1/quality", "response", QualityParams),
         ComponentSpec("judge_verifier", "judge", "/v1/verifier", "response", VerifierParams),
+        ComponentSpec("code_tests", "sandbox", "/v1/code_tests", "response", CodeTestsParams),
+        ComponentSpec(
+            "python_grader", "sandbox", "/v1/python_grader", "response", PythonGraderParams
+        ),
     )
 }
 
@@ -66,6 +71,13 @@ BUILTIN_RECIPES: tuple[Recipe, ...] = (
         components=[_c("math_accuracy", 1.0), _c("format", 0.5), _c("judge_quality", 0.3)],
     ),
     Recipe(name="gsm8k-verifier", components=[_c("judge_verifier", 1.0), _c("format", 0.2)]),
+    # the share of the group's tests the response's program passes
+    Recipe(name="code", components=[_c("code_tests", 1.0)]),
+    # 1 when every test passes, else 0
+    Recipe(
+        name="code-all",
+        components=[RecipeComponent(name="code_tests", weight=1.0, params={"mode": "all"})],
+    ),
 )
 
 

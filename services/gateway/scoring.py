@@ -123,6 +123,7 @@ class Scored:
             "cache_misses": responses * len(self.comps) - hits,
             "judge_prompt_tokens": self.merged.prompt_tokens,
             "judge_completion_tokens": self.merged.completion_tokens,
+            "sandbox_cpu_ms": round(self.merged.cpu_ms),
         }
 
     @property

@@ -12,7 +12,7 @@ from pydantic_settings import SettingsConfigDict
 from arbiter.keys import DEV_SECRET
 from arbiter.services.common.settings import ServiceSettings
 
-SERVICES = ("verify", "embedding", "judge")
+SERVICES = ("verify", "embedding", "judge", "sandbox")
 
 
 class GatewaySettings(ServiceSettings):
@@ -30,6 +30,10 @@ class GatewaySettings(ServiceSettings):
         default=None,
         description="Judge service base URL (judge_quality, judge_verifier); unset = off.",
     )
+    sandbox_url: str | None = Field(
+        default=None,
+        description="Sandbox service base URL (code_tests, python_grader); unset = off.",
+    )
     recipes_file: Path | None = Field(
         default=None, description="YAML file with extra recipes (added to the built-in ones)."
     )
@@ -40,7 +44,12 @@ class GatewaySettings(ServiceSettings):
         description="Deadline of one component call, queueing included.",
     )
     component_timeouts: dict[str, float] = Field(
-        default_factory=lambda: {"judge_quality": 120.0, "judge_verifier": 60.0},
+        default_factory=lambda: {
+            "judge_quality": 120.0,
+            "judge_verifier": 60.0,
+            "code_tests": 300.0,
+            "python_grader": 300.0,
+        },
         description='Per-component overrides as JSON, e.g. {"judge_quality": 120}.',
     )
     component_urls: dict[str, str] = Field(
@@ -147,7 +156,7 @@ class GatewaySettings(ServiceSettings):
         default=400, ge=1, le=3660, description="How long a team's daily usage is kept in Redis."
     )
 
-    @field_validator("verify_url", "embedding_url", "judge_url", mode="before")
+    @field_validator("verify_url", "embedding_url", "judge_url", "sandbox_url", mode="before")
     @classmethod
     def _url(cls, value: Any) -> Any:
         if value is None or (isinstance(value, str) and not value.strip()):
@@ -250,6 +259,7 @@ class GatewaySettings(ServiceSettings):
             "verify": self.verify_url,
             "embedding": self.embedding_url,
             "judge": self.judge_url,
+            "sandbox": self.sandbox_url,
         }[service]
 
     def component_url(self, component: str, service: str) -> str | None:

@@ -6,6 +6,7 @@ an idempotent replay, which was counted the first time):
 
 - ``requests``, ``responses``, ``cache_hits``, ``cache_misses`` (component scores),
 - ``judge_prompt_tokens``, ``judge_completion_tokens`` (as the judge reported them),
+- ``sandbox_cpu_ms`` (CPU time of the team's programs in the sandbox),
 - ``component:<name>:responses`` and ``component:<name>:cache_hits``,
 - ``errors:<kind>`` (null scores by kind), ``rate_limited`` (requests refused with 429),
   ``idempotent_replays`` (stored responses served again).
@@ -44,6 +45,11 @@ TEAM_JUDGE_TOKENS = Counter(
     "arbiter_gateway_team_judge_tokens_total",
     "Judge tokens used, by team and kind (prompt, completion).",
     ["team", "kind"],
+)
+TEAM_SANDBOX_CPU = Counter(
+    "arbiter_gateway_team_sandbox_cpu_seconds_total",
+    "CPU time the sandbox's programs used (code_tests, python_grader), by team.",
+    ["team"],
 )
 TEAM_NULLS = Counter(
     "arbiter_gateway_team_nulls_total",
@@ -103,6 +109,8 @@ class Ledger:
         for kind in ("prompt", "completion"):
             if tokens := counts.get(f"judge_{kind}_tokens", 0):
                 TEAM_JUDGE_TOKENS.labels(team, kind).inc(tokens)
+        if cpu_ms := counts.get("sandbox_cpu_ms", 0):
+            TEAM_SANDBOX_CPU.labels(team).inc(cpu_ms / 1000)
         for field, value in counts.items():
             if field.startswith("errors:") and value:
                 TEAM_NULLS.labels(team, field.removeprefix("errors:")).inc(value)

@@ -144,14 +144,16 @@ def garbage_server() -> Iterator[RawServer]:
 
 @pytest.fixture(scope="session")
 def judge_down_url(log_dir: Path, verify_url: str, redis_url: str) -> Iterator[str]:
-    """A gateway whose judge and embedding services are configured but down (nothing
-    listens at their URLs): a fault, so their scores are null with kind ``unavailable``
-    (the session ``gateway_url`` has neither configured: its judge recipes are refused)."""
+    """A gateway whose judge, embedding and sandbox services are configured but down
+    (nothing listens at their URLs): a fault, so their scores are null with kind
+    ``unavailable`` (the session ``gateway_url`` has none configured: their recipes are
+    refused)."""
     env = {
         "GATEWAY_VERIFY_URL": verify_url,
         "REDIS_URL": redis_url,
         "GATEWAY_JUDGE_URL": f"http://127.0.0.1:{free_port()}",
         "GATEWAY_EMBEDDING_URL": f"http://127.0.0.1:{free_port()}",
+        "GATEWAY_SANDBOX_URL": f"http://127.0.0.1:{free_port()}",
     }
     proc, url = start_service("gateway", log_dir, env)
     yield url

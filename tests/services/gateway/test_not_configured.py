@@ -154,7 +154,13 @@ def test_recipes_say_which_are_available_and_why(gateway_url: str) -> None:
         r = post(f"{gateway_url}/v1/score", {"recipe": recipe, "groups": [GROUP]})
         assert by_name[recipe]["reason"] == r.json()["error"]["message"]
         assert component in by_name[recipe]["reason"]
-    assert set(listed["unconfigured"]) == {"diversity", "judge_quality", "judge_verifier"}
+    assert set(listed["unconfigured"]) == {
+        "diversity",
+        "judge_quality",
+        "judge_verifier",
+        "code_tests",
+        "python_grader",
+    }
     assert "GATEWAY_JUDGE_URL" in listed["unconfigured"]["judge_quality"]
 
 

@@ -78,6 +78,8 @@ def test_builtin_recipes() -> None:
         "gsm8k-diverse": [("math_accuracy", 1.0), ("format", 0.5), ("diversity", 0.3)],
         "gsm8k-dj": [("math_accuracy", 1.0), ("format", 0.5), ("judge_quality", 0.3)],
         "gsm8k-verifier": [("judge_verifier", 1.0), ("format", 0.2)],
+        "code": [("code_tests", 1.0)],
+        "code-all": [("code_tests", 1.0)],  # params {"mode": "all"}
     }
 
 

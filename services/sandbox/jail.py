@@ -1,0 +1,280 @@
+"""The bubblewrap sandboxes, started ahead of need.
+
+One sandbox runs one job and exits: ``bwrap`` puts the harness (``harness.py``) in new
+user, PID, network, IPC, UTS and cgroup namespaces, with a read-only view of the
+interpreter (``/usr``, the ``/lib*`` links, the interpreter's own prefix when it lives
+elsewhere, its site-packages hidden under empty tmpfs), a fresh ``/tmp`` tmpfs of
+``SANDBOX_TMP_MB`` (the only writable place: ``/`` and ``/dev`` are remounted
+read-only), a minimal ``/dev`` and a ``/proc`` of its own PID namespace; no
+environment (``--clearenv``), no network at all (a new network namespace has only a
+``lo`` that is down), no new user namespaces inside, a new session (no terminal to push
+input into), and ``--die-with-parent``. Run as root, the service starts it as
+``SANDBOX_UID`` (nobody): the kernel enforces ``RLIMIT_NPROC`` only on a user other than
+root, and the count is per user namespace, so each sandbox has its own.
+
+Starting one costs ~10 ms (bwrap ~4 ms, the interpreter ~6 ms); ``Pool`` keeps
+``workers + spare`` of them started, each waiting on its stdin, and replaces each one
+taken in the background, so a job pays none of it. A job writes the JSON job to the
+harness's stdin and reads one JSON line back; past its deadline (the harness keeps its
+own; this is the backstop) the process group is killed, which takes the namespace.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+
+from arbiter.services.common.throttle import ThrottledLog
+from arbiter.services.sandbox.settings import SandboxSettings
+
+log = logging.getLogger("arbiter.sandbox")
+FAILURES_LOG = ThrottledLog(log)
+
+SANDBOXES_STARTED = Counter("sandbox_started_total", "Sandboxes started (one per job).")
+SANDBOX_FAILURES = Counter(
+    "sandbox_failures_total", "Sandboxes that failed on their own account, by stage.", ["stage"]
+)
+SANDBOXES_IDLE = Gauge("sandbox_idle", "Sandboxes started and waiting for a job.")
+
+HARNESS = (Path(__file__).parent / "harness.py").read_text()
+READY_TIMEOUT_S = 10.0
+ANSWER_LIMIT = 4 << 20  # bytes of the harness's answer line
+STDERR_LIMIT = 8192  # of the harness's own stderr, kept for the log
+
+
+class SandboxFailure(Exception):
+    """The sandbox itself failed (could not start, or died without answering): not the
+    program's doing."""
+
+
+def interpreter_paths(python: str) -> tuple[str, str, list[str]]:
+    """(the interpreter's real path, its prefix, its site-packages dirs), asked of it."""
+    code = (
+        "import json, site, sys, sysconfig; p = sysconfig.get_paths(); "
+        "print(json.dumps([sys.executable, sys.base_prefix, "
+        "sorted({p['purelib'], p['platlib'], *site.getsitepackages()})]))"
+    )
+    out = subprocess.run(
+        [python, "-I", "-c", code], capture_output=True, text=True, check=True, timeout=30
+    ).stdout
+    exe, prefix, sites = json.loads(out)
+    return os.path.realpath(exe), os.path.realpath(prefix), sites
+
+
+def bwrap_argv(settings: SandboxSettings) -> list[str]:
+    """The whole command line of one sandbox."""
+    exe, prefix, sites = interpreter_paths(settings.python)
+    argv = [
+        settings.bwrap,
+        "--unshare-all",
+        "--unshare-user",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+        "--as-pid-1",
+        "--hostname",
+        "sandbox",
+        "--ro-bind",
+        "/usr",
+        "/usr",
+    ]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
+        path = Path(top)
+        if path.is_symlink():
+            argv += ["--symlink", os.readlink(top), top]
+        elif path.is_dir():
+            argv += ["--ro-bind", top, top]
+    if not prefix.startswith("/usr/"):
+        argv += ["--ro-bind", prefix, prefix]
+    for site in sites:  # the service's own packages (and anything else installed) hidden
+        if Path(site).is_dir():
+            argv += ["--tmpfs", site, "--remount-ro", site]
+    argv += ["--size", str(settings.tmp_mb << 20), "--tmpfs", "/tmp"]
+    argv += ["--dev", "/dev", "--proc", "/proc", "--chdir", "/tmp"]
+    # / and /dev are bwrap's own tmpfs, writable and unbounded unless made read-only: only
+    # /tmp (bounded by --size) takes writes
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
+    argv += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
+    argv += ["--setenv", "LANG", "C.UTF-8"]
+    return [*argv, "--", exe, "-I", "-S", "-c", HARNESS]
+
+
+def setpriv(settings: SandboxSettings) -> list[str]:
+    """``setpriv`` (util-linux) switching to ``SANDBOX_UID``/``GID`` with no other groups."""
+    found = shutil.which("setpriv")
+    if found is None:
+        raise RuntimeError(
+            "the sandbox service runs as root and needs setpriv (Debian: util-linux) to run "
+            "programs as SANDBOX_UID; install it or run the service as another user"
+        )
+    uid, gid = settings.uid, settings.gid
+    return [found, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
+
+
+class Sandbox:
+    """One started sandbox, waiting for its one job."""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @property
+    def alive(self) -> bool:
+        return self.proc.returncode is None
+
+    async def wait_ready(self) -> None:
+        assert self.proc.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), READY_TIMEOUT_S)
+        except TimeoutError:
+            line = b""
+        if line.strip() != b'{"ready": true}':
+            detail = await self._stderr()
+            self.kill()
+            raise SandboxFailure(f"the sandbox did not start: {detail or 'no reason given'}")
+
+    async def run(self, job: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+        """Send ``job``; its answer, or ``SandboxFailure``. The sandbox is gone afterwards."""
+        proc = self.proc
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            async with asyncio.timeout(deadline_s):
+                proc.stdin.write(json.dumps(job).encode())
+                await proc.stdin.drain()
+                proc.stdin.close()
+                line = await proc.stdout.readline()
+        except TimeoutError:
+            SANDBOX_FAILURES.labels("deadline").inc()
+            raise SandboxFailure(f"the sandbox gave no answer within {deadline_s:g}s") from None
+        except (ConnectionError, ValueError, asyncio.LimitOverrunError) as exc:
+            SANDBOX_FAILURES.labels("io").inc()
+            raise SandboxFailure(f"the sandbox failed ({type(exc).__name__})") from None
+        finally:
+            self.kill()
+        try:
+            answer = json.loads(line)
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            SANDBOX_FAILURES.labels("answer").inc()
+            detail = await self._stderr()
+            FAILURES_LOG.error("answer", "sandbox died without an answer: %s", detail)
+            raise SandboxFailure("the sandbox died without an answer")
+        return answer
+
+    async def _stderr(self) -> str:
+        if self.proc.stderr is None:
+            return ""
+        with contextlib.suppress(TimeoutError, ValueError):
+            data = await asyncio.wait_for(self.proc.stderr.read(STDERR_LIMIT), 1.0)
+            return data.decode("utf-8", "replace").strip()[-500:]
+        return ""
+
+    def kill(self) -> None:
+        """Kill the sandbox's process group (bwrap; its PID namespace dies with it)."""
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+
+
+class Pool:
+    """``size`` sandboxes kept started; ``take`` hands one out and a replacement starts."""
+
+    def __init__(self, settings: SandboxSettings, size: int) -> None:
+        self.settings = settings
+        self.size = size
+        self.argv = bwrap_argv(settings)
+        if os.geteuid() == 0:  # never run untrusted code as root: drop to SANDBOX_UID first
+            self.argv = [*setpriv(settings), *self.argv]
+        self._idle: deque[Sandbox] = deque()
+        self._wanted = asyncio.Event()
+        self._filler: asyncio.Task[None] | None = None
+        self.last_error = ""
+
+    async def start(self) -> None:
+        """One sandbox started and checked now (a broken setup fails the service's start),
+        the rest in the background."""
+        box = await self.spawn()
+        self._idle.append(box)
+        self._filler = asyncio.create_task(self._fill())
+
+    async def close(self) -> None:
+        if self._filler is not None:
+            self._filler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._filler
+        while self._idle:
+            box = self._idle.popleft()
+            box.kill()
+            with contextlib.suppress(Exception):
+                await box.proc.wait()
+        SANDBOXES_IDLE.set(0)
+
+    @property
+    def idle(self) -> int:
+        return len(self._idle)
+
+    async def spawn(self) -> Sandbox:
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                start_new_session=True,  # its own process group: one killpg ends it
+                limit=ANSWER_LIMIT,
+                cwd="/",
+                env={},
+            )
+        except OSError as exc:
+            SANDBOX_FAILURES.labels("spawn").inc()
+            self.last_error = f"cannot start bwrap: {exc}"
+            raise SandboxFailure(self.last_error) from None
+        SANDBOXES_STARTED.inc()
+        box = Sandbox(proc)
+        try:
+            await box.wait_ready()
+        except SandboxFailure as exc:
+            SANDBOX_FAILURES.labels("start").inc()
+            self.last_error = str(exc)
+            raise
+        self.last_error = ""
+        return box
+
+    async def take(self) -> Sandbox:
+        """A started sandbox: a waiting one, else one started now."""
+        while self._idle:
+            box = self._idle.popleft()
+            SANDBOXES_IDLE.set(len(self._idle))
+            self._wanted.set()
+            if box.alive:
+                return box
+        self._wanted.set()
+        return await self.spawn()
+
+    async def _fill(self) -> None:
+        """Keep ``size`` sandboxes waiting; after a failure, try again a second later."""
+        while True:
+            self._idle = deque(b for b in self._idle if b.alive)
+            if len(self._idle) >= self.size:
+                self._wanted.clear()
+                SANDBOXES_IDLE.set(len(self._idle))
+                await self._wanted.wait()
+                continue
+            try:
+                self._idle.append(await self.spawn())
+            except SandboxFailure as exc:
+                FAILURES_LOG.error("spawn", "sandbox start failed: %s", exc)
+                await asyncio.sleep(1.0)
+            SANDBOXES_IDLE.set(len(self._idle))

@@ -1,0 +1,183 @@
+"""What runs: the program taken from a response, and the tests taken from a reference.
+
+Pure functions, no I/O. The tests are prepared here, in the service, once per group: each
+test becomes a unit the harness can number, skip and report on (``harness.py``).
+
+- A response's program is its last fenced code block (```` ```python … ``` ```` or any
+  other language tag), or the whole response when it has none.
+- A reference is Python test code, a JSON list of ``{"input", "output"}`` pairs, or a JSON
+  object ``{"tests": <either>, "entry_point": "name"}``.
+- Python test code: every top-level statement that contains an ``assert`` is one test; in
+  HumanEval-style code (``def check(candidate)``) those of ``check``'s body are, and
+  ``check(<entry point>)`` is called after them (a ``check`` with no such statement is one
+  test: the call). Other statements (imports, helpers, setup) run where they stand.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+FENCE = re.compile(r"^[ \t]*```[^\n`]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
+PROMPT_DEF = re.compile(r"^def\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(", re.MULTILINE)
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+class ReferenceError_(ValueError):
+    """The reference holds no usable tests: the group's fault, not the response's."""
+
+
+@dataclass(frozen=True)
+class TestPlan:
+    """A group's tests, ready for the harness: ``kind`` "tests" (Python) or "stdio"."""
+
+    kind: str
+    n_tests: int
+    code: str = ""  # kind "tests": the prepared test code
+    cases: tuple[dict[str, str], ...] = ()  # kind "stdio": the pairs
+
+    def job(self) -> dict[str, Any]:
+        if self.kind == "stdio":
+            return {"kind": "stdio", "cases": list(self.cases)}
+        return {"kind": "tests", "tests": self.code, "n_tests": self.n_tests}
+
+
+def extract_program(response: str) -> str:
+    """The last fenced code block of ``response`` (dedented), or all of it when there is
+    none."""
+    blocks = FENCE.findall(response)
+    return textwrap.dedent(blocks[-1]) if blocks else response
+
+
+def parse_reference(
+    reference: str | None, prompt: str, entry_point: str | None, max_tests: int
+) -> TestPlan:
+    """The group's tests; ``ReferenceError_`` says why there are none usable."""
+    text = (reference or "").strip()
+    if not text:
+        raise ReferenceError_("the reference holds no tests")
+    own_entry: str | None = None
+    tests: Any = text
+    if text[0] in "[{":
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            doc = None  # Python code may start with [ or { too (a list display)
+        if isinstance(doc, dict):
+            tests, own_entry = doc.get("tests"), doc.get("entry_point")
+            if own_entry is not None and not (
+                isinstance(own_entry, str) and IDENTIFIER.match(own_entry)
+            ):
+                raise ReferenceError_("reference entry_point: not a Python identifier")
+        elif isinstance(doc, list):
+            tests = doc
+    if isinstance(tests, list):
+        return _stdio(tests, max_tests)
+    if not isinstance(tests, str) or not tests.strip():
+        raise ReferenceError_("reference tests: expected Python test code or a list of pairs")
+    entry = entry_point or own_entry or _prompt_entry(prompt)
+    return _python(tests, entry, max_tests)
+
+
+def _stdio(pairs: list[Any], max_tests: int) -> TestPlan:
+    if not pairs:
+        raise ReferenceError_("the reference's list of stdin/stdout pairs is empty")
+    if len(pairs) > max_tests:
+        raise ReferenceError_(f"{len(pairs)} tests; the limit is {max_tests}")
+    cases = []
+    for i, pair in enumerate(pairs):
+        if not (
+            isinstance(pair, dict)
+            and isinstance(pair.get("input", ""), str)
+            and isinstance(pair.get("output"), str)
+        ):
+            raise ReferenceError_(f'reference test {i}: expected {{"input": str, "output": str}}')
+        cases.append({"input": pair.get("input", ""), "output": pair["output"]})
+    return TestPlan(kind="stdio", n_tests=len(cases), cases=tuple(cases))
+
+
+def _prompt_entry(prompt: str) -> str | None:
+    """HumanEval prompts end with the function to write: the last ``def`` at column 0."""
+    names = PROMPT_DEF.findall(prompt)
+    return names[-1] if names else None
+
+
+def _python(source: str, entry: str | None, max_tests: int) -> TestPlan:
+    try:
+        tree = ast.parse(source, "<tests>")
+    except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
+        raise ReferenceError_(f"the reference's test code does not parse: {exc}") from None
+    check = next(
+        (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None
+    )
+    counter = _Counter()
+    if check is not None:
+        if entry is None:
+            raise ReferenceError_(
+                "HumanEval-style tests need an entry point: set params.entry_point, give "
+                '{"tests": ..., "entry_point": ...} as the reference, or define the function '
+                "in the prompt"
+            )
+        check.body = _wrap_all(check.body, counter)
+        call: ast.stmt = ast.Expr(
+            ast.Call(ast.Name("check", ast.Load()), [ast.Name(entry, ast.Load())], [])
+        )
+        if counter.n == 0:  # no assert at check's top level: the whole call is one test
+            call = _wrap(call, counter)
+        tree.body.append(call)
+    else:
+        tree.body = _wrap_all(tree.body, counter)
+    if counter.n == 0:
+        raise ReferenceError_("the reference's test code holds no assert statement")
+    if counter.n > max_tests:
+        raise ReferenceError_(f"{counter.n} tests; the limit is {max_tests}")
+    return TestPlan(
+        kind="tests", n_tests=counter.n, code=ast.unparse(ast.fix_missing_locations(tree))
+    )
+
+
+class _Counter:
+    n = 0
+
+
+def _has_assert(node: ast.stmt) -> bool:
+    """An assert in ``node``, outside any nested function or class (those only define)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return False
+    stack: list[ast.AST] = [node]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, ast.Assert):
+            return True
+        for child in ast.iter_child_nodes(cur):
+            if not isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                stack.append(child)
+    return False
+
+
+def _wrap_all(body: list[ast.stmt], counter: _Counter) -> list[ast.stmt]:
+    return [_wrap(s, counter) if _has_assert(s) else s for s in body]
+
+
+def _wrap(stmt: ast.stmt, counter: _Counter) -> ast.stmt:
+    """``if begin(i): try: <stmt> except BaseException as e: fail(i, e) else: pass(i)``."""
+    i = counter.n
+    counter.n += 1
+
+    def hook(name: str, *args: ast.expr) -> ast.Expr:
+        return ast.Expr(ast.Call(ast.Name(name, ast.Load()), [ast.Constant(i), *args], []))
+
+    handler = ast.ExceptHandler(
+        type=ast.Name("BaseException", ast.Load()),
+        name="__arbiter_e__",
+        body=[hook("__arbiter_fail__", ast.Name("__arbiter_e__", ast.Load()))],
+    )
+    guarded = ast.Try(
+        body=[stmt], handlers=[handler], orelse=[hook("__arbiter_pass__")], finalbody=[]
+    )
+    begin = ast.Call(ast.Name("__arbiter_begin__", ast.Load()), [ast.Constant(i)], [])
+    return ast.If(test=begin, body=[guarded], orelse=[])

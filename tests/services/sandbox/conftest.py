@@ -1,0 +1,71 @@
+"""Sandbox test fixtures: a real ``arbiter serve sandbox`` with a secret in its environment
+and a secret file beside it, and helpers to post component requests to it.
+
+The secret is what a hostile program must not reach: it is in the service's environment
+(as the gateway's key secret would be in a shared host's) and in a file any local user
+can read.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import start_service
+
+PROBLEMS = Path(__file__).parent / "problems" / "problems.jsonl"
+# Small limits so that the hostile corpus runs in seconds.
+ENV = {
+    "SANDBOX_WORKERS": "2",
+    "SANDBOX_TEST_TIMEOUT_S": "2",
+    "SANDBOX_ITEM_TIMEOUT_S": "6",
+    "SANDBOX_OUTPUT_LIMIT_BYTES": str(256 * 1024),
+}
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    url: str
+    secret: str
+    secret_file: Path
+
+    def post(self, path: str, body: dict[str, Any], timeout: float = 120.0) -> httpx.Response:
+        return httpx.post(f"{self.url}{path}", json=body, timeout=timeout)
+
+    def score(
+        self, component: str, groups: list[dict[str, Any]], params: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        r = self.post(f"/v1/{component}", {"groups": groups, "params": params or {}})
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        return body
+
+
+@pytest.fixture(scope="session")
+def sandbox(log_dir: Path) -> Iterator[Sandbox]:
+    secret = "sandbox-test-secret-" + secrets.token_hex(16)
+    # world-readable, in the host's /tmp: only the sandbox's own mounts keep it out of reach
+    secret_file = Path("/tmp") / f"arbiter-sandbox-secret-{secrets.token_hex(4)}.txt"
+    secret_file.write_text(secret)
+    secret_file.chmod(0o644)
+    env = {**ENV, "GATEWAY_KEY_SECRET": secret, "ARBITER_TEST_SECRET": secret}
+    proc, url = start_service("sandbox", log_dir, env)
+    yield Sandbox(url, secret, secret_file)
+    proc.stop()
+    secret_file.unlink()
+
+
+def problems(shape: str | None = None) -> list[dict[str, Any]]:
+    rows = [json.loads(line) for line in PROBLEMS.read_text().splitlines() if line.strip()]
+    return [r for r in rows if shape is None or r["shape"] == shape]
+
+
+def group(reference: str, *responses: str, prompt: str = "", gid: str = "g") -> dict[str, Any]:
+    return {"id": gid, "prompt": prompt, "reference": reference, "responses": list(responses)}

@@ -1,0 +1,94 @@
+"""Programs from responses and tests from references (``programs.py``): pure functions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from arbiter.services.sandbox.programs import ReferenceError_, extract_program, parse_reference
+
+
+@pytest.mark.parametrize(
+    ("response", "program"),
+    [
+        ("def f():\n    return 1\n", "def f():\n    return 1\n"),  # no fence: all of it
+        ("Sure:\n```python\nx = 1\n```\nDone.", "x = 1\n"),  # one fenced block
+        ("```\nx = 1\n```\nthen\n```py\nx = 2\n```", "x = 2\n"),  # the last one counts
+        ("  ```python\n  y = 3\n  ```", "y = 3\n"),  # indented fences: dedented
+        ("```python\nunclosed = 1\n", "```python\nunclosed = 1\n"),  # not a block: all of it
+    ],
+)
+def test_the_program_is_the_last_fenced_block_or_everything(response: str, program: str) -> None:
+    assert extract_program(response) == program
+
+
+def test_assert_statements_are_one_test_each_setup_runs_where_it_stands() -> None:
+    plan = parse_reference(
+        "import math\nx = 2\nassert f(x) == 4\nfor i in range(3):\n    assert f(i) == i * 2\n",
+        "",
+        None,
+        100,
+    )
+    assert plan.kind == "tests" and plan.n_tests == 2
+    assert "__arbiter_begin__(0)" in plan.code and "__arbiter_begin__(1)" in plan.code
+    assert plan.code.startswith("import math\nx = 2\n")
+
+
+def test_humaneval_check_body_asserts_are_the_tests_and_check_is_called() -> None:
+    tests = (
+        "METADATA = {}\n\ndef check(candidate):\n"
+        "    assert candidate(1) == 2\n    y = 3\n    assert candidate(y) == 6\n"
+    )
+    plan = parse_reference(tests, "", "double", 100)
+    assert plan.n_tests == 2
+    assert plan.code.rstrip().endswith("check(double)")
+
+
+def test_a_check_without_top_level_asserts_is_one_test() -> None:
+    tests = (
+        "def check(candidate):\n    helper = lambda x: x\n    def inner():\n        assert False\n"
+    )
+    plan = parse_reference(tests, "", "f", 100)
+    assert plan.n_tests == 1
+
+
+def test_entry_point_precedence_params_then_reference_then_prompt() -> None:
+    tests = "def check(candidate):\n    assert candidate()\n"
+    doc = json.dumps({"tests": tests, "entry_point": "from_ref"})
+    prompt = "def first():\n    pass\n\ndef from_prompt():\n    '''doc'''\n"
+    assert parse_reference(doc, prompt, "from_params", 9).code.endswith("check(from_params)")
+    assert parse_reference(doc, prompt, None, 9).code.endswith("check(from_ref)")
+    assert parse_reference(tests, prompt, None, 9).code.endswith("check(from_prompt)")
+
+
+def test_stdio_pairs_from_a_list_or_an_object() -> None:
+    pairs = [{"input": "1\n", "output": "2\n"}, {"output": "x"}]  # input defaults to empty
+    plan = parse_reference(json.dumps(pairs), "", None, 9)
+    assert plan.kind == "stdio" and plan.n_tests == 2 and plan.cases[1]["input"] == ""
+    plan = parse_reference(json.dumps({"tests": pairs}), "", None, 9)
+    assert plan.kind == "stdio" and plan.n_tests == 2
+
+
+def test_python_test_code_starting_with_a_bracket_is_still_code() -> None:
+    plan = parse_reference("[x] = [1]\nassert x == 1\n", "", None, 9)
+    assert plan.kind == "tests" and plan.n_tests == 1
+
+
+@pytest.mark.parametrize(
+    ("reference", "words"),
+    [
+        (None, "holds no tests"),
+        ("   ", "holds no tests"),
+        ("print(1)\n", "no assert"),
+        ("assert (\n", "does not parse"),
+        ("[]", "empty"),
+        ('[{"input": 1, "output": "1"}]', "reference test 0"),
+        ('{"tests": 5}', "expected Python test code"),
+        ('{"tests": "assert 1", "entry_point": "not an id"}', "entry_point"),
+        ("assert 1\n" * 10, "limit is 9"),
+    ],
+)
+def test_unusable_references_say_why(reference: str | None, words: str) -> None:
+    with pytest.raises(ReferenceError_, match=words):
+        parse_reference(reference, "", None, 9)
