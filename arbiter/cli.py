@@ -83,7 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     p_up.add_argument("--judge-model", default=None, help="model name on that server")
     p_up.add_argument("--logs", default="runs/stack", help="folder for the services' logs")
     p_up.add_argument("--samples", type=int, default=4, help="GSM8K samples to score at start")
-    p_up.add_argument("--data", default=None, help="GSM8K dir (default ../shared/data/gsm8k)")
+    p_up.add_argument(
+        "--data", default=None,
+        help="GSM8K dir (default: $ARBITER_GSM8K_DIR, else ../shared/data/gsm8k beside the repo)",
+    )  # fmt: skip
     p_up.add_argument("--once", action="store_true", help="stop after scoring the samples")
     p_up.add_argument(
         "--keys", default=None, metavar="FILE", help="turn auth on with this keys file "

@@ -31,13 +31,12 @@ from typing import Any
 
 import httpx
 
+from arbiter import gsm8k
 from arbiter.procs import ManagedProcess, redis_process, service_process
 from arbiter.serve import SERVICES
 from arbiter.supervise import Supervisor, Watchdog
 
 log = logging.getLogger("arbiter.up")
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _port_free(port: int) -> bool:
@@ -124,7 +123,7 @@ def score_samples(gateway: str, data_dir: Path, n: int, recipe: str) -> None:
 def up(args: argparse.Namespace) -> int:
     logs = Path(args.logs)
     logs.mkdir(parents=True, exist_ok=True)
-    data_dir = Path(args.data) if args.data else REPO.parent / "shared" / "data" / "gsm8k"
+    data_dir = Path(args.data) if args.data else gsm8k.default_dir()
     keys = getattr(args, "keys", None)
     if keys and not Path(keys).is_file():
         log.error("--keys %s: no such file; create it with "
@@ -155,7 +154,7 @@ def up(args: argparse.Namespace) -> int:
         elif data_dir.exists() and args.samples > 0:
             score_samples(gateway, data_dir, args.samples, recipe)
         else:
-            log.warning("GSM8K not found at %s; skipping the sample scores", data_dir)
+            log.warning("%s; skipping the sample scores", gsm8k.missing(data_dir, "--data DIR"))
         print("Arbiter is up:")
         for proc in started:
             scheme = "redis" if proc.name == "redis" else "http"

@@ -19,6 +19,8 @@ import random
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from arbiter import gsm8k
+
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -158,23 +160,26 @@ def build(
     return out_dir
 
 
-def default_data_dir() -> Path:
-    return Path(__file__).resolve().parents[2] / "shared" / "data" / "gsm8k"
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("out_dir", type=Path)
-    p.add_argument("--data", type=Path, default=default_data_dir(), help="GSM8K dir for corpus")
+    p.add_argument(
+        "--data", type=Path, default=None,
+        help=f"GSM8K dir for the tokenizer's corpus (default: ${gsm8k.ENV}, else {gsm8k.BESIDE})",
+    )  # fmt: skip
     p.add_argument("--vocab-size", type=int, default=2048)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--heads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
+    try:
+        data = gsm8k.require(a.data, "--data DIR")
+    except FileNotFoundError as exc:
+        p.error(str(exc))
     out = build(
         a.out_dir,
-        a.data,
+        data,
         vocab_size=a.vocab_size,
         hidden=a.hidden,
         layers=a.layers,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from arbiter import gsm8k
 from arbiter.procs import ManagedProcess, free_port, redis_process, service_process
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,10 +33,10 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def gsm8k_dir() -> Path:
-    path = Path(os.environ.get("ARBITER_GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
-    if not (path / "test.jsonl").exists():
-        pytest.fail(f"GSM8K not found at {path}; set ARBITER_GSM8K_DIR")
-    return path
+    try:
+        return gsm8k.require()
+    except FileNotFoundError as exc:
+        pytest.fail(str(exc))
 
 
 def _start(proc: ManagedProcess, timeout: float = 60.0) -> ManagedProcess:

@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-_REPO = Path(__file__).resolve().parents[1]
+from arbiter import gsm8k
 
 
 def _f(default: Any, help: str) -> Any:
@@ -37,8 +37,9 @@ class TrainerConfig:
     # --- model and data
     model: str = _f("", "Hugging Face causal-LM directory or hub id (offline: a local path).")
     data_dir: str = _f(
-        str(_REPO.parent / "shared" / "data" / "gsm8k"),
-        "Directory with GSM8K train.jsonl/test.jsonl.",
+        str(gsm8k.default_dir()),
+        "Directory with GSM8K train.jsonl/test.jsonl (default: $ARBITER_GSM8K_DIR, else "
+        "../shared/data/gsm8k beside the checkout).",
     )
     train_file: str = _f(
         "train.jsonl", "Training problems (jsonl with question/answer), in data_dir."

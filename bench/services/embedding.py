@@ -32,13 +32,13 @@ from pathlib import Path
 
 import httpx
 
+from arbiter import gsm8k
 from arbiter.procs import free_port, service_process
 from bench.services.embedding_load import LoadGenerator
 
 log = logging.getLogger("bench.services.embedding")
 
-REPO = Path(__file__).resolve().parents[2]
-GSM8K = Path(os.environ.get("ARBITER_GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
+GSM8K = gsm8k.default_dir()
 GROUP = 8
 
 
@@ -69,9 +69,8 @@ class Raw:
 
     def __init__(self, model_path: str, device: str, dtype: str):
         import torch
-        from sentence_transformers import SentenceTransformer
-
         from arbiter.services.embedding.encoder import configure_torch, resolve_device
+        from sentence_transformers import SentenceTransformer
 
         self.torch = torch
         self.device = resolve_device(device)

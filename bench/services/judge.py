@@ -32,8 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from arbiter.procs import ManagedProcess, free_port, service_process
 from arbiter.proto.components import ScoreGroup
 from arbiter.proto.judge import QualityParams, VerifierParams, VerifierRequest
 from arbiter.services.judge.parsing import (
@@ -45,13 +43,16 @@ from arbiter.services.judge.parsing import (
 )
 from arbiter.services.judge.scoring import Judge
 from arbiter.services.judge.settings import JudgeSettings
+
+from arbiter import gsm8k
+from arbiter.procs import ManagedProcess, free_port, service_process
 from arbiter.tiny_model import build
 from bench.services.procstat import cpu_seconds
 
 log = logging.getLogger("bench.services.judge")
 
 REPO = Path(__file__).resolve().parents[2]
-GSM8K = Path(os.environ.get("ARBITER_GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
+GSM8K = gsm8k.default_dir()
 GROUP = 8
 VLLM_FLAGS = [
     "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",

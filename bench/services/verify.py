@@ -43,13 +43,13 @@ from typing import Any
 
 import aiohttp
 
+from arbiter import gsm8k
 from arbiter.procs import ManagedProcess, free_port, service_process
 from bench.services.procstat import tree, tree_cpu_seconds
 
 log = logging.getLogger("bench.services.verify")
 
-REPO = Path(__file__).resolve().parents[2]
-GSM8K = Path(os.environ.get("ARBITER_GSM8K_DIR", REPO.parent / "shared" / "data" / "gsm8k"))
+GSM8K = gsm8k.default_dir()
 GROUP = 8
 BATCH_GROUPS = 64  # groups per request in the "batch" shape (one GRPO batch)
 

@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from arbiter import gsm8k
+
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "qwen2.5-7b-gsm8k-fsdp.yaml"
 
@@ -130,14 +132,14 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     a.anchor = anchor_path(a.anchor)
     if not a.corpus.exists():
-        a.corpus = REPO.parent / "shared" / "data" / "gsm8k"
+        a.corpus = gsm8k.default_dir()
     model_dir = a.model or a.work / "model"
     if a.build_only:
         build_model(a.anchor, a.shape, model_dir)
         return
+    import arbiter.services.gateway.app  # noqa: F401 - fail fast on a missing wheel
     import yaml
 
-    import arbiter.services.gateway.app  # noqa: F401 - fail fast on a missing wheel
     from bench.trainer.learn import _run_trainer, _services
 
     a.out.mkdir(parents=True, exist_ok=True)

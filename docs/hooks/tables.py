@@ -138,7 +138,8 @@ def service_table(name: str) -> str:
 
 def trainer_table() -> str:
     config = importlib.import_module("arbiter.trainer.config")
-    here = str(Path(config.__file__).resolve().parents[2])  # the checkout's parent folder
+    checkout = importlib.import_module("arbiter.gsm8k").checkout()
+    here = str(checkout.parent) if checkout else "\0"  # the folder the checkout sits in
     rows = ["| setting | type | default | description |", "| --- | --- | --- | --- |"]
     for f in dataclasses.fields(config.TrainerConfig):
         value = f.default
