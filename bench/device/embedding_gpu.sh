@@ -1,8 +1,8 @@
 #!/bin/bash
 # Device call: the bench after the fix (one tokenization, pipelined prepare/forward,
 # multi-process load generator); thread vs process encode worker, max_batch_texts 128/256.
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .carry/embedding/whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+WHL=.carry/embedding/whl source "$(dirname "$0")/gpu_env.sh"
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
 M=$PWD/.carry/embedding/minilm-fp16
 G=$PWD/.carry/embedding/gsm8k
 { nvidia-smi --query-gpu=name,memory.total --format=csv,noheader; nproc; uptime

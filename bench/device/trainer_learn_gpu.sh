@@ -3,8 +3,8 @@
 # 200 steps; GRPO through real verify + gateway at lr 5e-5, G=16, 512 rollouts per step,
 # k3 KL beta 0.05 to the warm start; chosen by bench/device/sweep{2,3}.txt), then
 # bench.trainer.arith_probe on the warm start and the final policy. Carry [".carry/trainer"].
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/trainer/whl/*.whl 2>/dev/null || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+source "$(dirname "$0")/gpu_env.sh"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name --format=csv,noheader
 W=/tmp/trainer_learn
 timeout 545 python3 -m bench.trainer.learn --work $W --sft-steps 200 --sft-check-every 100 \

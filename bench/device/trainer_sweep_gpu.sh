@@ -4,8 +4,8 @@
 # not by wall time), then bench.trainer.arith_probe on the warm start and on each run's final policy.
 # The chosen setting is then timed alone (trainer_learn_gpu.sh). Carry [".carry/trainer"].
 #   bash bench/device/trainer_sweep_gpu.sh SWEEP_FILE   (lines: TAG SFT_STEPS key=value...)
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .carry/trainer/whl/*.whl 2>/dev/null || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+source "$(dirname "$0")/gpu_env.sh"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/sweep.txt
 T=${T:-400}
 run() {  # tag sft_steps overrides...
