@@ -342,7 +342,8 @@ class ArbiterClient:
             await asyncio.sleep(step)
         raise AssertionError("unreachable")
 
-    def _parse(self, model: type[Model], r: httpx.Response, ok: tuple[int, ...] = (200,)) -> Model:
+    @staticmethod
+    def _parse(model: type[Model], r: httpx.Response, ok: tuple[int, ...] = (200,)) -> Model:
         """The answer as ``model``; an error status raises its ``ArbiterError``, and an
         answer whose body is not a ``model`` raises ``BadResponse`` (never retried: the
         same request gets the same body, e.g. a proxy's HTML page)."""
