@@ -82,8 +82,13 @@ class TrainerConfig:
     )
     reward_concurrency: int = _f(16, "Max /v1/score requests in flight (one request per group).")
     reward_timeout_s: float = _f(120.0, "HTTP timeout of one /v1/score request.")
-    reward_retries: int = _f(4, "Retries of a retryable failure (connect error, 429/503/504).")
-    reward_backoff_s: float = _f(0.5, "First retry delay; doubles per retry (capped at 30 s).")
+    reward_retries: int = _f(
+        4, "Retries of a retryable failure (connect error, timeout, 429, 5xx)."
+    )
+    reward_backoff_s: float = _f(
+        0.5,
+        "First retry delay; doubles per retry (at most 20 s, jittered; a 429's Retry-After wins).",
+    )
     max_skipped_batches: int = _f(
         5, "Stop the run after this many consecutive batches skipped for lack of rewards."
     )
