@@ -18,5 +18,5 @@ if [ "${SMALL:-0}" != 1 ]; then
   export PYTHONPATH=/tmp/site:$PWD PYTHONSAFEPATH=1
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 else
-  export ANCHOR_SMALL=1
+  export BENCH_SMALL=1
 fi

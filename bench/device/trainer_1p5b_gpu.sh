@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device call (one GPU): issue 14's benchmark 1, Qwen2.5-1.5B config, 32 GSM8K prompts x G=8,
+# Device call (one GPU): the headline speed comparison, Qwen2.5-1.5B config, 32 GSM8K prompts x G=8,
 # 512 new tokens: ours (memory settings: micro-batches of 8, chunked log-probs, gradient
 # checkpointing but for KEEP_LAYERS (default 2) layers, the head's chunk logits kept for
 # backward, KV cache freed before each training step; compile_train on: the training
@@ -18,7 +18,7 @@ TAG=${TAG:-trainer_1p5b}
 command -v nvidia-smi >/dev/null && { nvidia-smi -lms 500 --format=csv --query-gpu=timestamp,\
 clocks.sm,clocks.mem,power.draw,temperature.gpu,clocks_throttle_reasons.active > $OUT/$TAG.smi.csv &
 SMI=$!; }
-ANCHOR_SHAPE=qwen2.5-1.5b ANCHOR_PROMPTS=32 ANCHOR_G=8 ANCHOR_NEW=512 ANCHOR_TRL_BS=16 \
+BENCH_SHAPE=qwen2.5-1.5b BENCH_PROMPTS=32 BENCH_G=8 BENCH_NEW=512 BENCH_TRL_BS=16 \
   timeout ${LIMIT:-560} $PY -m bench.trainer.speed --phases ${PHASES:-ours,trl,ours_fast} --steps ${STEPS:-4} \
   --micro-batch 8 --gradient-checkpointing --keep-layers ${KEEP_LAYERS:-2} --keep-logits \
   --free-sampler-cache --trl-batch 16 ${EXTRA:-} \

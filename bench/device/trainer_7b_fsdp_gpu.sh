@@ -1,5 +1,5 @@
 #!/bin/bash
-# Device call (two GPUs): issue 14's benchmark 2, a random-init Qwen2.5-7B config trained by
+# Device call (two GPUs): the 7B benchmark, a random-init Qwen2.5-7B config trained by
 # `torchrun --nproc_per_node 2 -m arbiter.trainer --config configs/qwen2.5-7b-gsm8k-fsdp.yaml`
 # (fsdp=true) on GSM8K with verify + gateway running; 6 steps, no evaluation or checkpoint.
 # ONE_GPU=1 then runs the same model on GPU 0 alone (fsdp=false, bf16-mixed: does it fit?).

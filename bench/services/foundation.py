@@ -1,4 +1,4 @@
-"""Issue 2's benchmark in one run on the same cores: (a) verify over HTTP vs in-process
+"""The services' first benchmark in one run on the same cores: (a) verify over HTTP vs in-process
 math-verify in a 2-process pool, (b) gateway added latency vs calling verify directly,
 (c) cached-hit throughput through the gateway with Redis.
 

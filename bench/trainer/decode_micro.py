@@ -1,4 +1,5 @@
-"""The decode step's parts alone at issue 14's shape, on a GPU: attention and matrix products.
+"""The decode step's parts alone at the 1.5B headline shape, on a GPU: attention and matrix
+products.
 
 One decode step of the Qwen2.5-1.5B config over 256 rows (32 prompts x G=8): each part is
 compiled (inductor) as the sampler compiles it, then 28 calls (one per layer, each layer its
@@ -12,7 +13,7 @@ graph is replayed; the time per decode step is the replay's time. Parts:
 - the matrix products at M = 256 rows: cuBLAS (``F.linear``) and inductor's autotuned
   Triton templates (``max_autotune_gemm``), gate and up apart or as one product.
 
-    ANCHOR_SHAPE=qwen2.5-1.5b python -m bench.trainer.decode_micro
+    BENCH_SHAPE=qwen2.5-1.5b python -m bench.trainer.decode_micro
 
 Writes ``$OUT/trainer_decode_micro.json``. A CPU run (``--small``) checks the code paths only.
 """
@@ -29,7 +30,6 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-
 from arbiter.trainer import decoder
 
 LAYERS, ROWS, G, KVH, HQ, D, HIDDEN, INTER, VOCAB = 28, 256, 8, 2, 12, 128, 1536, 8960, 151936

@@ -2,7 +2,8 @@
 
 1. A random-init Qwen2 of a real config (``--shape``, default ``qwen2.5-7b``: hidden 3584,
    28 layers, 28 heads, 4 KV heads, intermediate 18,944, vocab 152,064), with the TRL
-   anchor's offline tokenizer (``trl_grpo_anchor.py``, as ``bench.trainer.speed`` uses), is
+   baseline's offline tokenizer (``bench/trainer/trl_baseline.py``, as ``bench.trainer.speed``
+   uses), is
    saved as bf16 safetensors (in a child process, so this one holds no GPU memory).
 2. The verify service and the gateway are started with ``arbiter serve`` as in production
    (``bench.trainer.learn``'s services: gateway cache in-process, no Redis).
@@ -20,7 +21,7 @@
 
 Results on two and one H200: docs/benchmarks/trainer.md.
 
-``ANCHOR_SMALL=1`` (the anchor's tiny shapes) with ``device=cpu`` runs it on a CPU.
+``BENCH_SMALL=1`` (the TRL baseline's tiny shapes) with ``device=cpu`` runs it on a CPU.
 """
 
 from __future__ import annotations
@@ -40,12 +41,12 @@ REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "qwen2.5-7b-gsm8k-fsdp.yaml"
 
 
-def build_model(anchor: Path, shape: str, out: Path) -> None:
-    """Random-init model of ``shape`` + the anchor's tokenizer, saved to ``out``."""
-    os.environ["ANCHOR_SHAPE"] = shape
-    from bench.trainer.phases import load_anchor
+def build_model(shape: str, out: Path) -> None:
+    """Random-init model of ``shape`` + the TRL baseline's tokenizer, saved to ``out``."""
+    os.environ["BENCH_SHAPE"] = shape
+    from bench.trainer.phases import load_baseline
 
-    a = load_anchor(anchor)
+    a = load_baseline()
     tok = a.build_tokenizer()
     model = a.build_model(tok)
     model.save_pretrained(out)
@@ -113,14 +114,11 @@ def summarise(run_dir: Path, settings: dict[str, Any], world: int) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> None:
-    from bench.trainer.phases import add_anchor_arg, anchor_path
-
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--work", type=Path, default=Path("/tmp/trainer_fsdp"))
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/trainer_fsdp_out")))
     p.add_argument("--corpus", type=Path, default=REPO / ".carry" / "trainer" / "gsm8k")
-    add_anchor_arg(p)
-    p.add_argument("--shape", default="qwen2.5-7b", help="the anchor's ANCHOR_SHAPE")
+    p.add_argument("--shape", default="qwen2.5-7b", help="the TRL baseline's BENCH_SHAPE")
     p.add_argument("--model", type=Path, default=None, help="use this model (skip building one)")
     p.add_argument("--build-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--nproc", type=int, default=2, help="GPUs (torchrun processes)")
@@ -130,12 +128,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tag", default="")
     p.add_argument("overrides", nargs="*", help="extra trainer settings, key=value")
     a = p.parse_args(argv)
-    a.anchor = anchor_path(a.anchor)
     if not a.corpus.exists():
         a.corpus = gsm8k.default_dir()
     model_dir = a.model or a.work / "model"
     if a.build_only:
-        build_model(a.anchor, a.shape, model_dir)
+        build_model(a.shape, model_dir)
         return
     import arbiter.services.gateway.app  # noqa: F401 - fail fast on a missing wheel
     import yaml
@@ -153,7 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.perf_counter()
     if a.model is None:
         cmd = [sys.executable, "-m", "bench.trainer.fsdp", "--build-only", "--work", str(a.work),
-               "--anchor", str(a.anchor), "--shape", a.shape]  # fmt: skip
+               "--shape", a.shape]  # fmt: skip
         subprocess.run(cmd, check=True, cwd=REPO)
     res["model_build_s"] = round(time.perf_counter() - t0, 1)
     procs, gateway_url = _services(a.work, a.verify_workers)

@@ -1,10 +1,9 @@
-"""Pieces of ``bench.trainer.speed`` and the other trainer benches: loading the TRL anchor,
+"""Pieces of ``bench.trainer.speed`` and the other trainer benches: loading the TRL baseline,
 its prompts, sampler timing, and the checks that the sampler samples what HF ``generate``
 samples (``check`` and ``hf`` phases)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import json
@@ -17,30 +16,20 @@ from types import ModuleType
 from typing import Any
 
 import torch
-
 from arbiter.trainer.sampling import SamplingParams
 
-REPO = Path(__file__).resolve().parents[2]
-# The TRL anchor: carried to a GPU machine in .carry/, else ../shared beside the checkout.
-CARRIED_ANCHOR = REPO / ".carry" / "trainer" / "trl_grpo_anchor.py"
-SHARED_ANCHOR = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
+# The TRL side of the comparison: its model, tokenizer, prompts and GRPOTrainer phase.
+TRL_BASELINE = Path(__file__).with_name("trl_baseline.py")
 
 
-def add_anchor_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--anchor", type=Path, default=CARRIED_ANCHOR)
-
-
-def anchor_path(path: Path) -> Path:
-    """``path``, or ../shared's anchor when it does not exist."""
-    return path if path.exists() else SHARED_ANCHOR
-
-
-def load_anchor(path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("trl_grpo_anchor", path)
+def load_baseline() -> ModuleType:
+    """bench/trainer/trl_baseline.py as a fresh module: it reads its ``BENCH_*`` shape
+    settings when imported, and a benchmark sets them (or a test changes them) first."""
+    spec = importlib.util.spec_from_file_location("trl_baseline", TRL_BASELINE)
     if spec is None or spec.loader is None:
-        raise SystemExit(f"cannot import the anchor from {path}")
+        raise SystemExit(f"cannot import the TRL baseline from {TRL_BASELINE}")
     mod = importlib.util.module_from_spec(spec)
-    sys.modules["trl_grpo_anchor"] = mod
+    sys.modules["trl_baseline"] = mod
     spec.loader.exec_module(mod)
     return mod
 
@@ -89,8 +78,8 @@ def prompts(a: ModuleType, tok: Any, dev: str) -> tuple[torch.Tensor, torch.Tens
 
 
 def use_gsm8k(a: ModuleType, path: Path) -> None:
-    """Both sides (ours and the anchor's TRL phase) take their prompts from GSM8K: the
-    anchor's ``prompts_messages`` is replaced, questions in file order, in the trainer's
+    """Both sides (ours and TRL's) take their prompts from GSM8K: the TRL baseline's
+    ``prompts_messages`` is replaced, questions in file order, in the trainer's
     chat prompt (``arbiter.trainer.data.chat_messages``)."""
     from arbiter.trainer.data import chat_messages, load_problems
 
@@ -100,11 +89,11 @@ def use_gsm8k(a: ModuleType, path: Path) -> None:
         rows = [problems[i % len(problems)] for i in range(n)]
         return [{"prompt": chat_messages(p.question), "answer": p.reference} for p in rows]
 
-    vars(a)["prompts_messages"] = prompts_messages  # the anchor looks it up at call time
+    vars(a)["prompts_messages"] = prompts_messages  # the baseline looks it up at call time
 
 
 def length_reward(texts: list[str]) -> list[float]:
-    return [min(len(t), 400) / 400.0 for t in texts]  # the anchor's reward
+    return [min(len(t), 400) / 400.0 for t in texts]  # the TRL baseline's reward
 
 
 def mean_nll(

@@ -1,9 +1,9 @@
-"""The sampler alone at the seed's scale, before and after its exact shortcuts, one process.
+"""The sampler alone at the headline scale, before and after its exact shortcuts, one process.
 
-Issue 14's rollout (Qwen2.5-1.5B config, 32 GSM8K prompts x G=8 = 256 rows, 512 new tokens,
-T=1, bf16; the anchor's model and prompts): the compiled + graphed sampler as it was
-(``length_round=0``, ``share_prompts``, ``blocked_draw`` off) against the current one, then
-each shortcut left out once, and the decode attention fused (flex attention or SDPA)
+The speed comparison's rollout (Qwen2.5-1.5B config, 32 GSM8K prompts x G=8 = 256 rows, 512
+new tokens, T=1, bf16; the TRL baseline's model and prompts): the compiled + graphed sampler
+as it was (``length_round=0``, ``share_prompts``, ``blocked_draw`` off) against the current
+one, then each shortcut left out once, and the decode attention fused (flex attention or SDPA)
 instead of eager. Checks, on the same card: greedy ids of the graphed and the eager
 sampler identical (uncompiled, as ``bench.trainer.speed --phases check``); greedy ids of the
 compiled sampler "after" against "before" and "after_flex_attention", those run (rows equal,
@@ -13,7 +13,7 @@ standard errors); a kernel table of 10 decode steps of each (graph replays at a 
 the full cache; first row: all kernels). Peak memory of
 each sampler call. Writes ``$OUT/trainer_sampler_probe.json`` after every part.
 
-    ANCHOR_SHAPE=qwen2.5-1.5b ANCHOR_PROMPTS=32 ANCHOR_G=8 ANCHOR_NEW=512 \\
+    BENCH_SHAPE=qwen2.5-1.5b BENCH_PROMPTS=32 BENCH_G=8 BENCH_NEW=512 \\
       python -m bench.trainer.sampler_probe --gsm8k ../shared/data/gsm8k/train.jsonl
 """
 
@@ -28,12 +28,10 @@ from typing import Any
 
 import torch
 import torch._inductor.config
-
 from arbiter.trainer.sampling import SamplingParams
+
 from bench.trainer.phases import (
-    add_anchor_arg,
-    anchor_path,
-    load_anchor,
+    load_baseline,
     prompts,
     sync,
     time_sampler,
@@ -112,11 +110,10 @@ def kernel_table(sampler: Any, s: int | None = None, steps: int = 10) -> list[di
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    add_anchor_arg(p)
     p.add_argument("--gsm8k", type=Path, default=None)
     p.add_argument("--variants", default=",".join(VARIANTS))
     args = p.parse_args(argv)
-    a = load_anchor(anchor_path(args.anchor))
+    a = load_baseline()
     if args.gsm8k is not None:
         use_gsm8k(a, args.gsm8k)
     from arbiter.trainer.generation import Sampler

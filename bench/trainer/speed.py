@@ -1,25 +1,26 @@
 """Trainer speed on one GPU: our sampler + GRPO step against TRL's GRPOTrainer and plain generate.
 
-Same setting as the TRL anchor (``../shared/bench/trl_grpo_anchor.py``, whose model/tokenizer
+Same setting as the TRL baseline (``bench/trainer/trl_baseline.py``, whose model/tokenizer
 builders and TRL phase are reused so both sides see the same thing): a random-init Qwen2 of
-the anchor's shape (default 0.48 B: hidden 1024, 24 layers, 16 heads, 2 KV heads, vocab
-32,000; ``ANCHOR_SHAPE=qwen2.5-1.5b`` or ``qwen2.5-7b`` for the real configs), bf16, SDPA;
-``ANCHOR_PROMPTS`` prompts x ``ANCHOR_G`` completions, ``ANCHOR_NEW`` new tokens,
+its shape (default 0.48 B: hidden 1024, 24 layers, 16 heads, 2 KV heads, vocab
+32,000; ``BENCH_SHAPE=qwen2.5-1.5b`` or ``qwen2.5-7b`` for the real configs), bf16, SDPA;
+``BENCH_PROMPTS`` prompts x ``BENCH_G`` completions, ``BENCH_NEW`` new tokens,
 temperature 1, top_p 1, length reward, beta 0, token-mean loss, AdamW lr 1e-6, grad-norm
 clip 1.0, one optimizer step per batch (mu = 1: old log-probs = detached current).
 
 Phases (``--phases``, default all): ``check`` (graph vs eager greedy ids; NLL of our samples
 vs HF generate's), ``hf`` (plain ``model.generate``), ``ours`` (the samplers alone, then full
 GRPO steps through the trainer's ``train_on_batch``), ``trl``; ``ours_fast`` (the GRPO steps
-again, KV cache kept between rollouts, micro-batches of 16). The seed's scale (issue 14):
+again, KV cache kept between rollouts, micro-batches of 16). The headline setting,
+Qwen2.5-1.5B's config with 32 GSM8K prompts x 8 completions of 512 tokens:
 
-    ANCHOR_SHAPE=qwen2.5-1.5b ANCHOR_PROMPTS=32 ANCHOR_G=8 ANCHOR_NEW=512 ANCHOR_TRL_BS=16 \
+    BENCH_SHAPE=qwen2.5-1.5b BENCH_PROMPTS=32 BENCH_G=8 BENCH_NEW=512 BENCH_TRL_BS=16 \
       python -m bench.trainer.speed --phases ours,trl --steps 4 --micro-batch 8 \
       --gradient-checkpointing --keep-layers 2 --keep-logits --free-sampler-cache \
       --trl-batch 16 --gsm8k ../shared/data/gsm8k/train.jsonl
 
 Writes ``$OUT/trainer_speed.json`` (rewritten after each phase) and prints a table last.
-``ANCHOR_SMALL=1`` shrinks everything for a CPU smoke test (as in the anchor).
+``BENCH_SMALL=1`` shrinks everything for a CPU smoke test (as in the TRL baseline).
 """
 
 from __future__ import annotations
@@ -34,15 +35,13 @@ from types import ModuleType
 from typing import Any
 
 import torch
-
 from arbiter.trainer.sampling import SamplingParams
+
 from bench.trainer.phases import (
-    add_anchor_arg,
-    anchor_path,
     card_limits,
     gpu_span,
     length_reward,
-    load_anchor,
+    load_baseline,
     phase_check,
     phase_hf,
     print_table,
@@ -66,7 +65,7 @@ def phase_ours(
     checkpointing) with the sampler the trainer uses (compiled + graphed on a GPU)."""
     from arbiter.trainer.generation import Sampler
 
-    res: dict[str, Any] = {"options": vars(opts) | {"anchor": str(opts.anchor)}}
+    res: dict[str, Any] = {"options": vars(opts)}
     model = a.load_model()
     p_ids, p_mask = prompts(a, tok, dev)
     res["prompt_tokens_padded"] = int(p_ids.shape[1])
@@ -112,8 +111,8 @@ def _grpo_steps(
     from arbiter.trainer.setup import Dist, enable_gradient_checkpointing
     from arbiter.trainer.update import train_on_batch
 
-    # the anchor's loss: beta 0, token mean, mu 1, AdamW lr 1e-6, grad clip 1.0; bf16 weights
-    # as the anchor loads them for TRL too (precision "bf16": no fp32 master copy)
+    # the TRL baseline's loss: beta 0, token mean, mu 1, AdamW lr 1e-6, grad clip 1.0; bf16 weights
+    # as the baseline loads them for TRL too (precision "bf16": no fp32 master copy)
     cfg = TrainerConfig(
         model=a.MDIR,
         rollouts_per_step=a.NSEQ,
@@ -234,14 +233,13 @@ def phase_trl(a: ModuleType, tok: Any, batch: int) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    add_anchor_arg(p)
     p.add_argument("--steps", type=int, default=16, help="timed steps (after 2 warm-up) per side")
     p.add_argument(
         "--gsm8k",
         type=Path,
         default=None,
         help="GSM8K train.jsonl: both sides prompt with its questions in the trainer's chat "
-        "prompt (default: the anchor's arithmetic questions)",
+        "prompt (default: the TRL baseline's arithmetic questions)",
     )
     p.add_argument("--phases", default="check,hf,ours,trl")
     p.add_argument(
@@ -313,12 +311,11 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.sampler_modes is None:
         args.sampler_modes = "eager,graphs,compiled" if torch.cuda.is_available() else "eager"
-    args.anchor = anchor_path(args.anchor)
-    # the anchor's TRL phase runs ANCHOR_STEPS optimizer steps in all and times the ones
-    # after its 2 warm-up steps: the same count as ours
-    os.environ.setdefault("ANCHOR_STEPS", str(args.steps + WARMUP))
-    a = load_anchor(args.anchor)
-    prompt_source = "the anchor's arithmetic questions"
+    # the TRL phase runs BENCH_STEPS optimizer steps in all and times the ones after its 2
+    # warm-up steps: the same count as ours
+    os.environ.setdefault("BENCH_STEPS", str(args.steps + WARMUP))
+    a = load_baseline()
+    prompt_source = "the TRL baseline's arithmetic questions"
     if args.gsm8k is not None:
         use_gsm8k(a, args.gsm8k)
         prompt_source = f"GSM8K questions ({args.gsm8k.name}) in the trainer's chat prompt"

@@ -1,10 +1,10 @@
 """The GRPO train step alone, several ways, in one process: what each memory/speed setting
-costs in seconds and peak GPU memory at the anchor's shapes (issue 14's 1.5B setting).
+costs in seconds and peak GPU memory at the TRL baseline's shapes (the 1.5B headline setting).
 
 One model and one fused AdamW (states allocated before timing, as in a running trainer; the
-optimizer steps too, lr 1e-6), a batch laid out as the trainer lays it out: the anchor's
-GSM8K prompts (left-padded), G completions of ``ANCHOR_NEW`` random tokens each (a random-init
-model samples near-uniform tokens and never stops early). Each variant times
+optimizer steps too, lr 1e-6), a batch laid out as the trainer lays it out: the
+baseline's GSM8K prompts (left-padded), G completions of ``BENCH_NEW`` random tokens each (a
+random-init model samples near-uniform tokens and never stops early). Each variant times
 ``trainer.update.train_on_batch`` over ``--steps`` steps after one warm-up step (the compile,
 if any), with the peak allocated memory of its steps (weights, gradients, AdamW states and
 activations; the sampler's KV cache is freed before training in the memory setting).
@@ -14,7 +14,7 @@ gradient checkpointing (``all``, ``none``, or every k-th layer), padding trimmed
 compiled (``compile_train``) or eager. ``--profile-decode`` adds a profile of the eager
 decode step's kernels.
 
-    ANCHOR_SHAPE=qwen2.5-1.5b ANCHOR_PROMPTS=32 ANCHOR_G=8 ANCHOR_NEW=512 \\
+    BENCH_SHAPE=qwen2.5-1.5b BENCH_PROMPTS=32 BENCH_G=8 BENCH_NEW=512 \\
       python -m bench.trainer.train_probe --gsm8k ../shared/data/gsm8k/train.jsonl
 
 Writes ``$OUT/trainer_train_probe.json``.
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from bench.trainer.phases import add_anchor_arg, anchor_path, load_anchor, prompts, sync, use_gsm8k
+from bench.trainer.phases import load_baseline, prompts, sync, use_gsm8k
 
 CUDA = torch.cuda.is_available()
 VARIANTS: dict[str, dict[str, Any]] = {  # in the order they run by default
@@ -172,11 +172,10 @@ def logprob_agreement(model: Any, roll: Any) -> dict[str, Any]:
 
 def profile_decode(a: Any, model: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, tok: Any) -> Any:
     """Kernel time of the eager (uncompiled, ungraphed) decode loop, top kernels."""
-    from torch.profiler import ProfilerActivity, profile
-
     from arbiter.trainer import generation
     from arbiter.trainer.generation import Sampler
     from arbiter.trainer.sampling import SamplingParams
+    from torch.profiler import ProfilerActivity, profile
 
     # the cache capacity of the timed run (prompt + 512 new tokens, 768 slots) for 64 steps
     generation._CAPACITY_ROUND = -(-(p_ids.shape[1] + a.MAX_NEW) // 64) * 64
@@ -193,7 +192,6 @@ def profile_decode(a: Any, model: Any, p_ids: torch.Tensor, p_mask: torch.Tensor
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    add_anchor_arg(p)
     p.add_argument("--gsm8k", type=Path, default=None)
     p.add_argument("--variants", default=",".join(VARIANTS))
     p.add_argument("--steps", type=int, default=2, help="timed steps per variant")
@@ -202,7 +200,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--profile", default="", help="variants to profile one more step of")
     args = p.parse_args(argv)
     t_start = time.perf_counter()
-    a = load_anchor(anchor_path(args.anchor))
+    a = load_baseline()
     if args.gsm8k is not None:
         use_gsm8k(a, args.gsm8k)
     from arbiter.trainer.grpo import build_optimizer, group_advantages

@@ -10,12 +10,9 @@ import sys
 from argparse import Namespace
 from pathlib import Path
 
-import pytest
-
 from bench.device.regress import CHECKS, verdicts
 
 REPO = Path(__file__).resolve().parents[3]
-ANCHOR = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
 GPU = Namespace(small=False, learn_steps=300, calc_steps=5)
 
 
@@ -46,7 +43,6 @@ def test_a_crash_a_short_run_and_accuracy_that_does_not_rise_fail() -> None:
     assert low["learn.accuracy_after"] == "FAIL (regression)"
 
 
-@pytest.mark.skipif(not ANCHOR.exists(), reason="the TRL anchor is not beside the checkout")
 def test_regress_sh_small_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = os.environ | {"SMALL": "1", "PY": sys.executable, "OUT": str(out), "LIMIT": "540"}

@@ -1,4 +1,4 @@
-"""bench.trainer.fsdp on the CPU: the anchor's tiny model, verify + gateway started as in
+"""bench.trainer.fsdp on the CPU: the TRL baseline's tiny model, verify + gateway started as in
 production, ``torchrun`` with two gloo ranks and fsdp=true; the summary's steady steps leave
 out warm-up and the pipelined run's last step, and no checkpoint is written."""
 
@@ -9,20 +9,15 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[3]
-ANCHOR = REPO.parent / "shared" / "bench" / "trl_grpo_anchor.py"
-GSM8K = REPO.parent / "shared" / "data" / "gsm8k"
 
-
-@pytest.mark.skipif(
-    not (ANCHOR.exists() and GSM8K.exists()), reason="../shared (anchor, GSM8K) not beside"
-)
-def test_fsdp_run_on_two_cpu_ranks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ANCHOR_SMALL", "1")  # inherited by the model-building child
+def test_fsdp_run_on_two_cpu_ranks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gsm8k_dir: Path
+) -> None:
+    monkeypatch.setenv("BENCH_SMALL", "1")  # inherited by the model-building child
     from bench.trainer.fsdp import main
 
     out, work = tmp_path / "out", tmp_path / "work"
-    main(["--anchor", str(ANCHOR), "--corpus", str(GSM8K), "--work", str(work), "--out", str(out),
+    main(["--corpus", str(gsm8k_dir), "--work", str(work), "--out", str(out),
           "--nproc", "2", "--steps", "5", "--verify-workers", "1", "--timeout", "300",
           "device=cpu", "max_new_tokens=8", "rollouts_per_step=8",
           "micro_batch_size=4"])  # fmt: skip

@@ -1,4 +1,4 @@
-"""bench.trainer.speed: the GRPO-step phase runs on the CPU at the anchor's small shapes, and
+"""bench.trainer.speed: the GRPO-step phase runs on the CPU at the TRL baseline's small shapes, and
 the card-limit arithmetic is right."""
 
 from __future__ import annotations
@@ -12,21 +12,16 @@ import pytest
 
 from bench.trainer.phases import CARDS, card_limits
 
-ANCHOR = Path(__file__).resolve().parents[4] / "shared" / "bench" / "trl_grpo_anchor.py"
 
-
-@pytest.mark.skipif(not ANCHOR.exists(), reason="the TRL anchor is not beside the checkout")
 def test_grpo_steps_run_with_the_memory_settings(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("OUT", str(tmp_path))
-    monkeypatch.setenv("ANCHOR_SMALL", "1")
+    monkeypatch.setenv("BENCH_SMALL", "1")
     from bench.trainer.speed import main
 
     main(
         [
-            "--anchor",
-            str(ANCHOR),
             "--phases",
             "ours",
             "--steps",
@@ -46,21 +41,20 @@ def test_grpo_steps_run_with_the_memory_settings(
     assert len(ours["steps"]) == 3 and ours["completion_tokens_per_s"] > 0  # 2 warm-up + 1
 
 
-@pytest.mark.skipif(not ANCHOR.exists(), reason="the TRL anchor is not beside the checkout")
 def test_gsm8k_prompts_and_equal_step_counts_on_both_sides(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--gsm8k puts GSM8K questions in both sides' prompts; TRL times as many steps as ours."""
     monkeypatch.setenv("OUT", str(tmp_path))
-    monkeypatch.setenv("ANCHOR_SMALL", "1")
-    monkeypatch.delenv("ANCHOR_STEPS", raising=False)
+    monkeypatch.setenv("BENCH_SMALL", "1")
+    monkeypatch.delenv("BENCH_STEPS", raising=False)
     data = tmp_path / "train.jsonl"
     rows = [{"question": f"Ann has {i} pens and buys 3 more. How many now?", "answer": "#### 1"}
             for i in range(4)]  # fmt: skip
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     from bench.trainer.speed import main
 
-    main(["--anchor", str(ANCHOR), "--phases", "ours,trl", "--steps", "1", "--micro-batch", "16",
+    main(["--phases", "ours,trl", "--steps", "1", "--micro-batch", "16",
           "--trl-batch", "16", "--gsm8k", str(data), "--sampler-modes", ""])  # fmt: skip
     res = json.loads((tmp_path / "trainer_speed.json").read_text())
     assert "GSM8K" in res["setting"]["prompts_from"]
