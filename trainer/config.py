@@ -66,8 +66,10 @@ class TrainerConfig:
     )
     temperature: float = _f(1.0, "Sampling temperature for rollouts (> 0).")
     top_p: float = _f(1.0, "Nucleus sampling threshold for rollouts, in (0, 1].")
-    env: Literal["none", "calculator"] = _f(
-        "none", "none: single-turn; calculator: multi-turn <calc>expr</calc> tool environment."
+    env: Literal["none", "calculator", "calculator-off"] = _f(
+        "none",
+        "none: single-turn; calculator: multi-turn <calc>expr</calc> tool environment; "
+        "calculator-off: its prompt, no calculator (one turn: the baseline without the tool).",
     )
     max_turns: int = _f(4, "Multi-turn only: max model turns per trajectory.")
 
@@ -187,6 +189,13 @@ class TrainerConfig:
     # --- evaluation, logging, checkpoints
     eval_every: int = _f(0, "Evaluate every N steps (and before step 0 and at the end); 0 = never.")
     eval_problems: int = _f(200, "Held-out problems per evaluation (greedy, one sample each).")
+    eval_samples: int = _f(
+        0,
+        "Also sample this many completions per held-out problem (rollout temperature) at each "
+        "evaluation: pass@k for k = 1, 2, 4, ... up to it (unbiased estimator) and, with the "
+        "diversity component in eval_recipe, the mean pairwise distance within a problem's "
+        "samples; 0 = greedy only.",
+    )
     eval_max_new_tokens: int = _f(0, "Max new tokens at evaluation (0 = max_new_tokens).")
     eval_recipe: Any = field(
         default_factory=lambda: {
@@ -258,8 +267,10 @@ class TrainerConfig:
             bad(f"beta={self.beta} must be >= 0 (0 disables the KL term).")
         if self.loss_agg not in ("token_mean", "seq_mean"):
             bad(f"loss_agg={self.loss_agg!r}: use token_mean or seq_mean.")
-        if self.env not in ("none", "calculator"):
-            bad(f"env={self.env!r}: use none or calculator.")
+        if self.env not in ("none", "calculator", "calculator-off"):
+            bad(f"env={self.env!r}: use none, calculator or calculator-off.")
+        if self.eval_samples < 0 or self.eval_samples == 1:
+            bad(f"eval_samples={self.eval_samples}: use 0 (off) or >= 2 (e.g. 16 for pass@16).")
         if self.precision not in ("auto", "fp32", "bf16-mixed", "bf16"):
             bad(f"precision={self.precision!r}: use auto, fp32, bf16-mixed or bf16.")
         if len(self.adam_betas) != 2:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from arbiter.trainer.data import Problem, chat_messages, render_prompt
+from arbiter.trainer.data import Problem, render_prompt
 from arbiter.trainer.generation import Sampler
 from arbiter.trainer.rollout import Rollout, RolloutSpec, collate, generate, single_turn
 from arbiter.trainer.sampling import SamplingParams
@@ -38,6 +38,8 @@ CALC_INSTRUCTION = (
 class Step:
     observation: str
     done: bool
+    tool_call: bool = False  # the action called a tool (the observation is its answer)
+    tool_error: bool = False  # ... and the call failed (a bad expression)
 
 
 class Environment(Protocol):
@@ -126,10 +128,23 @@ class CalculatorEnv:
             RecursionError,
         ):
             value = "error"
-        return Step(observation=f"<result>{value}</result>", done=False)
+        return Step(f"<result>{value}</result>", False, tool_call=True, tool_error=value == "error")
 
 
-ENVIRONMENTS: dict[str, type[CalculatorEnv]] = {"calculator": CalculatorEnv}
+class CalculatorOffEnv(CalculatorEnv):
+    """The calculator's prompt with no calculator behind it: one turn, nothing answers a
+    ``<calc>`` (the single-turn baseline for tool use, on the same prompts)."""
+
+    stop_strings: tuple[str, ...] = ()
+
+    def step(self, action: str, *, eos: bool) -> Step:
+        return Step(observation="", done=True)
+
+
+ENVIRONMENTS: dict[str, type[CalculatorEnv]] = {
+    "calculator": CalculatorEnv,
+    "calculator-off": CalculatorOffEnv,
+}
 
 
 def make_env(name: str) -> Environment:
@@ -140,6 +155,8 @@ def make_env(name: str) -> Environment:
 
 def cut_at_stop(tokenizer: Any, ids: list[int], stops: tuple[str, ...]) -> tuple[list[int], bool]:
     """Shortest prefix of ``ids`` whose text contains a stop string (else all, False)."""
+    if not stops:
+        return ids, False
     text = tokenizer.decode(ids, skip_special_tokens=False)
     if not any(s in text for s in stops):
         return ids, False
@@ -161,12 +178,17 @@ def multi_turn(
     spec: RolloutSpec,
     params: SamplingParams,
 ) -> Rollout:
-    """G trajectories per problem; each turn samples all active trajectories at once."""
+    """G trajectories per problem; each turn samples every trajectory at once.
+
+    Finished trajectories are sampled along (their tokens are dropped), so every sampler call
+    of a run has the same row count: a compiled, graph-captured sampler then compiles once
+    per context length class instead of once per number of trajectories still going."""
     G = spec.group_size
     envs = [env_factory() for _ in problems for _ in range(G)]
     tasks = [p for p in problems for _ in range(G)]
-    prompts = [
-        render_prompt(tokenizer, chat_messages(env.reset(t), spec.system_prompt))
+    system = [{"role": "system", "content": spec.system_prompt}] if spec.system_prompt else []
+    prompts = [  # the first user message is the environment's own (instruction + task)
+        render_prompt(tokenizer, [*system, {"role": "user", "content": env.reset(t)}])
         for env, t in zip(envs, tasks, strict=True)
     ]
     prompt_ids = [
@@ -175,25 +197,26 @@ def multi_turn(
     ]
     comp: list[list[int]] = [[] for _ in envs]
     act: list[list[int]] = [[] for _ in envs]
-    turns = [0] * len(envs)
+    turns, calls, errors = [0] * len(envs), [0] * len(envs), [0] * len(envs)
     active = list(range(len(envs)))
     eos, pad, device = params.eos_token_id, params.pad_token_id, sampler.device
     for _ in range(spec.max_turns):
         if not active:
             break
         ctx_ids, ctx_attn, _ = collate(
-            [prompt_ids[i] + comp[i] for i in active],
-            [[] for _ in active],
-            [[] for _ in active],
+            [prompt_ids[i] + comp[i] for i in range(len(envs))],
+            [[] for _ in envs],
+            [[] for _ in envs],
             pad,
             device,
         )
         # collate leaves one empty completion column
         ctx_ids, ctx_attn = ctx_ids[:, :-1], ctx_attn[:, :-1]
-        out_ids, out_mask = generate(sampler, ctx_ids, ctx_attn, params, spec.precision)
+        out, out_mask = generate(sampler, ctx_ids, ctx_attn, params, spec.precision)
+        out_ids, keep = out.tolist(), out_mask.tolist()
         still = []
-        for row, i in enumerate(active):
-            ids = out_ids[row][out_mask[row]].tolist()
+        for i in active:
+            ids = [t for t, k in zip(out_ids[i], keep[i], strict=True) if k]
             ended_eos = bool(ids) and ids[-1] == eos
             ids, stopped = cut_at_stop(tokenizer, ids, envs[i].stop_strings)
             ended_eos = ended_eos and not stopped
@@ -203,6 +226,8 @@ def multi_turn(
             step = envs[i].step(
                 tokenizer.decode(ids, skip_special_tokens=True), eos=ended_eos or not stopped
             )
+            calls[i] += step.tool_call
+            errors[i] += step.tool_error
             if step.observation:
                 obs = tokenizer(step.observation, add_special_tokens=False)["input_ids"]
                 comp[i] += obs
@@ -220,6 +245,8 @@ def multi_turn(
         loss_mask=loss_mask,
         texts=texts,
         turns=turns,
+        tool_calls=calls,
+        tool_errors=errors,
     )
 
 

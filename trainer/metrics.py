@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from arbiter.trainer.evaluate import pairwise_distance
 from arbiter.trainer.grpo import group_std_is_zero
 from arbiter.trainer.rewards import BatchRewards
 from arbiter.trainer.rollout import Rollout
@@ -192,6 +193,16 @@ def step_metrics(
     lens = roll.loss_mask.sum(-1).float()
     out["completion_len/mean"], out["completion_len/max"] = float(lens.mean()), float(lens.max())
     out["turns/mean"] = sum(roll.turns) / max(1, len(roll.turns))
+    if roll.tool_calls:  # multi-turn: how the policy uses the environment's tool
+        n = len(roll.tool_calls)
+        out["tools/calls_per_episode"] = sum(roll.tool_calls) / n
+        out["tools/episode_frac"] = sum(c > 0 for c in roll.tool_calls) / n
+        out["tools/errors"] = float(sum(roll.tool_errors))
+    if "diversity" in result.component_names():  # mean pairwise distance within a group
+        div = result.flat_component("diversity")
+        dists = [pairwise_distance([v for v in div[g : g + G] if not math.isnan(v)])
+                 for g in range(0, len(div), G)]  # fmt: skip
+        out["groups/pairwise_distance"], _ = _mean_std(dists)
     out["tokens/action"] = float(roll.action_tokens)
     return out
 

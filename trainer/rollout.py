@@ -45,6 +45,8 @@ class Rollout:
     loss_mask: torch.Tensor
     texts: list[str]  # completion text per sequence (what the reward service reads)
     turns: list[int] = field(default_factory=list)
+    tool_calls: list[int] = field(default_factory=list)  # per sequence (multi-turn only)
+    tool_errors: list[int] = field(default_factory=list)  # tool calls that failed
     old_logps: torch.Tensor | None = None  # behaviour policy, (S, N)
     ref_logps: torch.Tensor | None = None  # frozen reference, (S, N)
 

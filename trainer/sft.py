@@ -15,7 +15,8 @@ samples: what GRPO through the gateway, rewarded by the verify service, can turn
 accuracy. ``slip_rate`` > 0 instead plants a misconception in that share of the
 demonstrations (see ``write_dataset``), a much easier task for GRPO, kept for comparison.
 Prompts are rendered exactly as the trainer renders them (``trainer.data.chat_messages`` +
-the chat template). Measured accuracies and learning runs: bench/results/trainer_notes.md.
+the chat template). Measured accuracies and learning runs:
+bench/results/experiments/trainer_notes.md.
 
     python -m arbiter.trainer.sft data OUT_DIR [--train 20000 --test 500 --slip-rate 0.6]
     python -m arbiter.trainer.sft train OUT_MODEL_DIR --data DATA_DIR [--steps 2500 ...]
@@ -137,24 +138,48 @@ def write_dataset(
     return out_dir
 
 
-def _examples(data_dir: Path, tokenizer: Any, limit: int) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, target ids + EOS) pairs, prompts rendered as the trainer renders them."""
-    from arbiter.trainer.data import chat_messages, render_prompt
+Example = tuple[list[int], list[int], list[int]]  # prompt ids, target ids + EOS, loss mask
 
-    prompts, targets = [], []
+
+def _examples(data_dir: Path, tokenizer: Any, limit: int) -> list[Example]:
+    """(prompt ids, target ids + EOS, loss mask) triples, prompts rendered as the trainer
+    renders them. A row with ``segments`` (``trainer.tooluse``) is a multi-turn
+    demonstration: its prompt is the environment's first message (``env``), each segment is
+    tokenised on its own as ``trainer.env.multi_turn`` tokenises a trajectory, and the
+    environment's observations (``train`` false) get no loss."""
+    from arbiter.trainer.data import Problem, chat_messages, render_prompt
+    from arbiter.trainer.env import make_env
+
     marker = "\x00QUESTION\x00"  # render the chat template once, then substitute
     template = render_prompt(tokenizer, chat_messages(marker))
+    env_templates: dict[str, str] = {}
+    eos = tokenizer.eos_token_id
+    out: list[Example] = []
     with (data_dir / "sft.jsonl").open() as f:
         for i, line in enumerate(f):
             if limit and i >= limit:
                 break
             row = json.loads(line)
-            targets.append(row["target"])
-            prompts.append(template.replace(marker, row["question"]))
-    p_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    t_ids = tokenizer(targets, add_special_tokens=False)["input_ids"]
-    eos = tokenizer.eos_token_id
-    return [(p, [*t, eos]) for p, t in zip(p_ids, t_ids, strict=True)]
+            if "segments" not in row:
+                prompt = template.replace(marker, row["question"])
+                target = tokenizer(row["target"], add_special_tokens=False)["input_ids"]
+                out.append((tokenizer(prompt, add_special_tokens=False)["input_ids"],
+                            [*target, eos], [1] * (len(target) + 1)))  # fmt: skip
+                continue
+            env = row.get("env", "calculator")
+            if env not in env_templates:
+                first = make_env(env).reset(Problem(id="", question=marker, reference=""))
+                env_templates[env] = render_prompt(tokenizer, [{"role": "user", "content": first}])
+            prompt = env_templates[env].replace(marker, row["question"])
+            ids: list[int] = []
+            mask: list[int] = []
+            for seg in row["segments"]:
+                seg_ids = tokenizer(seg["text"], add_special_tokens=False)["input_ids"]
+                ids += seg_ids
+                mask += [int(bool(seg["train"]))] * len(seg_ids)
+            out.append((tokenizer(prompt, add_special_tokens=False)["input_ids"],
+                        [*ids, eos], [*mask, 1]))  # fmt: skip
+    return out
 
 
 def build_base(
@@ -211,15 +236,18 @@ def train_sft(
     checks: list[tuple[int, float]] = []
     for step in range(steps):
         batch = [examples[rng.randrange(len(examples))] for _ in range(batch_size)]
-        length = max(len(p) + len(t) for p, t in batch)
+        length = max(len(p) + len(t) for p, t, _ in batch)
         ids = torch.full((batch_size, length), pad, dtype=torch.long)
         labels = torch.full((batch_size, length), -100, dtype=torch.long)
         attn = torch.zeros((batch_size, length), dtype=torch.long)
-        for i, (p, t) in enumerate(batch):  # right padding: positions start at 0 per row
+        for i, (p, t, m) in enumerate(batch):  # right padding: positions start at 0 per row
             seq = p + t
             ids[i, : len(seq)] = torch.tensor(seq)
             attn[i, : len(seq)] = 1
-            labels[i, len(p) : len(seq)] = torch.tensor(t)
+            # observation tokens (mask 0) stay in context but are not learned
+            labels[i, len(p) : len(seq)] = torch.tensor(
+                [x if k else -100 for x, k in zip(t, m, strict=True)]
+            )
         ids, labels, attn = ids.to(dev), labels.to(dev), attn.to(dev)
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda"):
             loss = model(input_ids=ids, attention_mask=attn, labels=labels).loss
