@@ -12,10 +12,10 @@ a power-of-two head group) reads each row's K and V once; scores stay in float32
 rounding to the model dtype), so greedy ids may part from the eager path's after a while, as
 bf16 rounding does. Prefill (T > 1) always uses the eager attention. At the 1.5B decode
 shape on an H200 the fused kernel was no faster than the eager path's cuBLAS products (see
-bench/results/trainer_notes.md), so the sampler's default stays eager. ``forward(qkv=...)``
-computes each layer's q, k and v with one product over a ``MergedQKV`` buffer (the three
-projections' weights side by side, refreshed from the live parameters by the sampler before
-each call) instead of three: the same sums per output, in one GEMM.
+bench/results/experiments/trainer_notes.md), so the sampler's default stays eager.
+``forward(qkv=...)`` computes each layer's q, k and v with one product over a ``MergedQKV``
+buffer (the three projections' weights side by side, refreshed from the live parameters by
+the sampler before each call) instead of three: the same sums per output, in one GEMM.
 """
 
 from __future__ import annotations

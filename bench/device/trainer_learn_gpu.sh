@@ -1,7 +1,7 @@
 #!/bin/bash
 # Device call: the honest GRPO learning run, alone on the GPU (all-correct SFT warm start,
 # 200 steps; GRPO through real verify + gateway at lr 5e-5, G=16, 512 rollouts per step,
-# k3 KL beta 0.05 to the warm start; chosen by bench/device/sweep{2,3}.txt), then
+# k3 KL beta 0.05 to the warm start; chosen by the sweeps in bench/results/experiments/sweeps/), then
 # bench.trainer.arith_probe on the warm start and the final policy. Carry [".carry/trainer"].
 source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1

@@ -3,7 +3,8 @@
 # own verify + gateway; contention makes every run slower, so compare runs at equal step counts,
 # not by wall time), then bench.trainer.arith_probe on the warm start and on each run's final policy.
 # The chosen setting is then timed alone (trainer_learn_gpu.sh). Carry [".carry/trainer"].
-#   bash bench/device/trainer_sweep_gpu.sh SWEEP_FILE   (lines: TAG SFT_STEPS key=value...)
+#   bash bench/device/trainer_sweep_gpu.sh SWEEP_FILE   (lines: TAG SFT_STEPS key=value...;
+#   the three sweeps run: bench/results/experiments/sweeps/settings{1,2,3}.txt)
 source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 nvidia-smi --query-gpu=name --format=csv,noheader | tee $OUT/sweep.txt

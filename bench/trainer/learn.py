@@ -15,7 +15,7 @@
    trainer log are copied to ``$OUT`` (``--tag`` suffixes every name).
 
 The defaults are the README's honest run (200 SFT steps; GRPO lr 5e-5, G=16, 512 rollouts
-per step, k3 KL beta 0.05 to the warm start; results in bench/results/trainer_notes.md);
+per step, k3 KL beta 0.05 to the warm start; results in bench/results/experiments/trainer_notes.md);
 ``key=value`` overrides go to the trainer, e.g.
 
     python -m bench.trainer.learn [--steps 1500 --timeout 470 --compare-steps 40]
