@@ -69,8 +69,9 @@ class Raw:
 
     def __init__(self, model_path: str, device: str, dtype: str):
         import torch
-        from arbiter.services.embedding.encoder import configure_torch, resolve_device
         from sentence_transformers import SentenceTransformer
+
+        from arbiter.services.embedding.encoder import configure_torch, resolve_device
 
         self.torch = torch
         self.device = resolve_device(device)

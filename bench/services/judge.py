@@ -32,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from arbiter import gsm8k
+from arbiter.procs import ManagedProcess, free_port, service_process
 from arbiter.proto.components import ScoreGroup
 from arbiter.proto.judge import QualityParams, VerifierParams, VerifierRequest
 from arbiter.services.judge.parsing import (
@@ -43,9 +46,6 @@ from arbiter.services.judge.parsing import (
 )
 from arbiter.services.judge.scoring import Judge
 from arbiter.services.judge.settings import JudgeSettings
-
-from arbiter import gsm8k
-from arbiter.procs import ManagedProcess, free_port, service_process
 from arbiter.tiny_model import build
 from bench.services.procstat import cpu_seconds
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+
 from arbiter.trainer import decoder
 
 LAYERS, ROWS, G, KVH, HQ, D, HIDDEN, INTER, VOCAB = 28, 256, 8, 2, 12, 128, 1536, 8960, 151936

@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.build_only:
         build_model(a.shape, model_dir)
         return
-    import arbiter.services.gateway.app  # noqa: F401 - fail fast on a missing wheel
     import yaml
 
+    import arbiter.services.gateway.app  # noqa: F401 - fail fast on a missing wheel
     from bench.trainer.learn import _run_trainer, _services
 
     a.out.mkdir(parents=True, exist_ok=True)

@@ -16,6 +16,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+
 from arbiter.trainer.sampling import SamplingParams
 
 # The TRL side of the comparison: its model, tokenizer, prompts and GRPOTrainer phase.

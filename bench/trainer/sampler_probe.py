@@ -28,8 +28,8 @@ from typing import Any
 
 import torch
 import torch._inductor.config
-from arbiter.trainer.sampling import SamplingParams
 
+from arbiter.trainer.sampling import SamplingParams
 from bench.trainer.phases import (
     load_baseline,
     prompts,

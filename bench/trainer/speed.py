@@ -35,8 +35,8 @@ from types import ModuleType
 from typing import Any
 
 import torch
-from arbiter.trainer.sampling import SamplingParams
 
+from arbiter.trainer.sampling import SamplingParams
 from bench.trainer.phases import (
     card_limits,
     gpu_span,

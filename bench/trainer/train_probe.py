@@ -172,10 +172,11 @@ def logprob_agreement(model: Any, roll: Any) -> dict[str, Any]:
 
 def profile_decode(a: Any, model: Any, p_ids: torch.Tensor, p_mask: torch.Tensor, tok: Any) -> Any:
     """Kernel time of the eager (uncompiled, ungraphed) decode loop, top kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
     from arbiter.trainer import generation
     from arbiter.trainer.generation import Sampler
     from arbiter.trainer.sampling import SamplingParams
-    from torch.profiler import ProfilerActivity, profile
 
     # the cache capacity of the timed run (prompt + 512 new tokens, 768 slots) for 64 steps
     generation._CAPACITY_ROUND = -(-(p_ids.shape[1] + a.MAX_NEW) // 64) * 64
