@@ -2,7 +2,7 @@
 
 GRPO samples G completions of every prompt, and the trainer's micro-batches hold a group's rows
 together. A causal model's hidden states over a prompt do not depend on what follows it, so the
-plain forward computes the same prompt G times: at the seed's shape (GSM8K prompts of ~170
+plain forward computes the same prompt G times: at the 1.5B setting (GSM8K prompts of ~170
 tokens, 512 new tokens, G=8) that is a fifth of the training tokens. Here a micro-batch's
 tokens are the distinct prompts (``u`` rows, their shared left padding dropped) followed by the
 completions (``rows x n``), and each decoder layer runs its norms, projections and MLP -- nearly

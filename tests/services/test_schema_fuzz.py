@@ -107,7 +107,7 @@ def test_judge(judge_fuzz_url: str, mode: GenerationMode) -> None:
 
 
 # Hostile JSON beyond the schemas: keys and strings from characters a client library never
-# sends on its own (lone surrogates: one in a key was a 500 on every service, issue 21;
+# sends on its own (lone surrogates: one in a key was once a 500 on every service;
 # NUL, DEL, line separators), some of them long (an error must not echo them back whole),
 # merged into a valid body (at the top or in its params) or sent alone.
 HOSTILE_EXAMPLES = 60

@@ -56,7 +56,7 @@ SCORE_BODY = {"recipe": "gsm8k", "groups": [{"id": "q", "reference": "4", "respo
 
 @pytest.mark.parametrize("path", ["/v1/math", "/v1/format"])
 def test_verify_hostile_keys_are_422_and_short(verify_url: str, path: str) -> None:
-    # A lone surrogate in an object key: a 500 before (issue 21, item 7); a 1 MB key:
+    # A lone surrogate in an object key: a 500 once; a 1 MB key:
     # echoed whole before.
     check_hostile_bodies(verify_url, path, MATH_BODY, "params")
 
@@ -76,7 +76,7 @@ def test_gateway_nemo_gym_hostile_keys_are_422(gateway_url: str) -> None:
 
 
 def test_megabyte_values_are_not_echoed(gateway_url: str) -> None:
-    # A 1 MB recipe name came back in a 1 MB 422 (issue 21, item 8): the answer says what
+    # A 1 MB recipe name came back in a 1 MB 422 once: the answer says what
     # is wrong in a few hundred bytes.
     r = httpx.post(f"{gateway_url}/v1/score", json={**SCORE_BODY, "recipe": "r" * MB})
     assert 400 <= r.status_code < 500, r.text[:300]

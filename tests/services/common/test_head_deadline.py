@@ -1,7 +1,7 @@
 """A connection must send a complete request head within ``HEAD_TIMEOUT_S``, or be closed.
 
 uvicorn has no such deadline: a connection that sends nothing, or a head a byte at a time,
-was held for as long as the client liked (issue 21 review: 19,980 such connections without
+was held for as long as the client liked (a hostile review: 19,980 such connections without
 a key filled the gateway's 20,000 file descriptors in 5 s and every team's request failed
 until the client let go). Raw sockets against uvicorn serving a small app in this process
 with each of Arbiter's protocol classes (httptools, as ``arbiter serve`` runs, and h11),

@@ -22,7 +22,7 @@ from arbiter.proto.errors import ErrorResponse
 from arbiter.services.common.protocol import EnvelopeH11Protocol
 
 CASES = [
-    # a NUL byte in a header value (uvicorn's plain-text 400 before: issue 21, item 8)
+    # a NUL byte in a header value (uvicorn's plain-text 400 once)
     b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Tag: a\x00b\r\n\r\n",
     # a DEL byte in a header value
     b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Tag: a\x7fb\r\n\r\n",

@@ -29,7 +29,7 @@ def test_repeats_are_counted_and_reported_on_the_next_line(
     logger = logging.getLogger("test.throttle.next")
     throttled = ThrottledLog(logger, interval_s=10.0, clock=clock)
     with caplog.at_level(logging.WARNING, logger=logger.name):
-        for i in range(2652):  # the outage of issue 11: one warning per failed call
+        for i in range(2652):  # a 5 s outage under load: one warning per failed call
             clock.now = i * 0.002  # 5.3 s
             throttled.warning(("verify", "unavailable"), "component call failed: %d", i)
         throttled.warning(("judge", "timeout"), "judge call failed")  # another key: logged

@@ -243,6 +243,6 @@ def test_bad_input_gets_the_envelope(
 def test_hostile_keys_are_422_and_short(
     embedding_url: str, path: str, body: dict[str, Any], nested: str | None
 ) -> None:
-    # A lone surrogate in an object key: a 500 before (issue 21, item 7); a 1 MB key:
+    # A lone surrogate in an object key: a 500 once; a 1 MB key:
     # echoed whole before.
     check_hostile_bodies(embedding_url, path, body, nested)

@@ -149,7 +149,7 @@ def test_a_bad_keys_file_keeps_the_previous_keys(gateway: Any, keys: Keys) -> No
 def test_team_label_on_metrics_and_no_key_anywhere(gateway: Any, keys: Keys) -> None:
     assert post(gateway.url, _body(), keys.headers("alpha")).status_code == 200
     post(gateway.url, _body(), {"Authorization": f"Bearer {keys.keys['alpha']}x"})  # a 401
-    # An open /metrics names no team (issue 21: it showed every team's counts); an admin
+    # An open /metrics names no team (it once showed every team's counts); an admin
     # key (Prometheus scrapes with one) sees the per-team series.
     public = httpx.get(f"{gateway.url}/metrics").text
     assert "arbiter_gateway_requests" in public or "arbiter_http_request_seconds" in public

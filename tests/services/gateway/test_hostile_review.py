@@ -1,4 +1,5 @@
-"""Issue 21, the hostile review: what still broke after the fixes, tried as a client would.
+"""The hostile review: what still broke after the shared-deployment fixes, tried as a client
+would.
 
 Real processes: a gateway with keys (``arbiter serve gateway``), the session's verify
 service and Redis; raw sockets where a client misbehaves below HTTP.

@@ -1,6 +1,6 @@
-"""Issue 21, findings 1, 6 and 8: every request gets an answer, whatever it holds; team
-names cannot reach another kind of Redis key; the ledger survives a restart of Redis;
-what a caller sends is not echoed whole; no internal URL reaches a caller.
+"""A deployment shared by many teams, hostile input: every request gets an answer, whatever
+it holds; team names cannot reach another kind of Redis key; the ledger survives a restart
+of Redis; what a caller sends is not echoed whole; no internal URL reaches a caller.
 
 Real processes: the session's gateway (auth off) for the compat shapes, gateways with
 keys on a Redis of their own where one is restarted.
@@ -36,7 +36,7 @@ BIG = "x" * 150_000  # past the contract's 100,000 characters per text
 PROMPT = "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n"
 
 # (route, body, the status it must get, the field a 422 names): each compat shape with an
-# oversize, malformed or hostile field. Before issue 21 the oversize ones got no answer.
+# oversize, malformed or hostile field. Once, the oversize ones got no answer.
 NEMO = "nemo-gym/gsm8k/verify"
 OUTPUT_BIG = {"output": [{"content": [{"type": "output_text", "text": BIG}]}]}
 CASES: list[tuple[str, Any, int, str | None]] = [
@@ -110,7 +110,7 @@ def test_a_huge_recipe_name_is_not_echoed(gateway_url: str) -> None:
 @pytest.fixture(scope="module")
 def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
     k = Keys(tmp_path_factory.mktemp("hostile") / "keys.yaml")
-    k.add("teams", "teams")  # the name of the per-day set of teams, before issue 21
+    k.add("teams", "teams")  # the name the per-day set of teams had once
     k.add("other", "other")
     k.add("small", "small", responses_per_minute=4)
     k.add("admin", "ops", admin=True)

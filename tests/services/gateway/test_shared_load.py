@@ -1,4 +1,4 @@
-"""Issue 21, findings 2-5: what a deployment shared by many teams meets every day. One
+"""What a deployment shared by many teams meets every day. One
 team's stalled uploads, its hundreds of concurrent requests, its disconnect loops and its
 failing compat calls must not turn another team away, make it wait, or escape the quota.
 

@@ -93,7 +93,7 @@ async def test_down_server_not_ready(down_judge: str) -> None:
         assert (await http.get(f"{down_judge}/healthz")).status_code == 200
         r = await http.get(f"{down_judge}/readyz")
     assert r.status_code == 503
-    # which component is down, not where: /readyz is unauthenticated (issue 21)
+    # which component is down, not where: /readyz is unauthenticated
     assert r.json()["checks"]["judge_server"].startswith("unreachable (")
     assert "127.0.0.1" not in r.text and "http://" not in r.text
     quality, verifier, _ = await _score_both(down_judge)  # nor do the items' errors
@@ -197,5 +197,5 @@ async def test_structured_output_refused(
 @pytest.mark.parametrize("path", ["/v1/quality", "/v1/verifier"])
 def test_hostile_keys_are_422_and_short(down_judge: str, path: str) -> None:
     # Refused before any call to the judge server (down here): a lone surrogate in an
-    # object key was a 500 (issue 21, item 7); a 1 MB key was echoed whole.
+    # object key was a 500 once; a 1 MB key was echoed whole.
     check_hostile_bodies(down_judge, path, {"groups": [GROUP], "params": {}}, "params")

@@ -180,7 +180,7 @@ async def _cached_tokens(http: httpx.AsyncClient, url: str) -> float:
 async def test_prefix_cache_is_shared_within_a_team_only(judge_url: str) -> None:
     # Each team's calls carry their own cache_salt: team a's second call reuses a's cached
     # prefix; team b sending the very same prompt reuses nothing of a's (not even the
-    # rubric), so b cannot tell from its call's time what a sent (issue 21's shared-cache
+    # rubric), so b cannot tell from its call's time what a sent (the shared-cache
     # finding, here in vLLM's prefix cache).
     group = {**GROUP, "id": "salted", "responses": GROUP["responses"][:1]}
     body = {"groups": [group], "params": {}}

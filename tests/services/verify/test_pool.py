@@ -160,7 +160,7 @@ async def test_another_teams_item_runs_after_at_most_the_running_items(pool: Wor
     # does); team b's one item, sent while a's run, waits for the chunk running then to be
     # handed back (50 ms, plus its current item), not for a's queued items. Counted in a's
     # items answered between b's submit and b's answer; shared per request only, b's item
-    # came after all 420 of a's (10.8 s measured over HTTP, issue 21).
+    # came after all 420 of a's (10.8 s measured over HTTP).
     a = [pool.submit(_slow(6), "a") for _ in range(70)]
     await asyncio.sleep(0.3)  # a's items are running
     answered = lambda: sum(r is not None for t in a for r in t.results)  # noqa: E731

@@ -71,7 +71,7 @@ def _teams(chunk: list[Job]) -> str:
 async def test_another_team_leads_the_next_chunk_whatever_one_team_queued() -> None:
     # Team a sends 70 requests of 6 items at once (one sample per POST, as OpenRLHF and
     # slime do); team b's one item, queued after all of them, leads the next chunk. Shared
-    # per request only, b's item came after a's 70 requests: 420 items (issue 21, item 3).
+    # per request only, b's item came after a's 70 requests: 420 items.
     q = FairQueue()
     for _ in range(70):
         q.submit(_items("a", 6), team="a")

@@ -78,7 +78,7 @@ def test_math_verify_own_timeout_is_a_null_timeout() -> None:
 
 def test_each_team_has_its_own_reference_cache() -> None:
     # A parse cache shared by all teams told one team, by the time its items took (23 vs
-    # 33 ms), that another team had just used the same reference (issue 21). Keyed per
+    # 33 ms), that another team had just used the same reference. Keyed per
     # team: team b's first use of a reference a used is a miss, parsed anew, as if a had
     # never sent it; a's own second use is a hit.
     gold = "\\frac{\\sqrt{2}}{7} + y_{cache}"
