@@ -1,6 +1,7 @@
 """The program inside each sandbox: PID 1 of its namespace, standard library only.
 
-Started ahead of need (``bwrap --as-pid-1 … python3 -I -S -c <this file>``), it says
+Started ahead of need (``bwrap --as-pid-1 … python3 -I -S -c <boot>``: the interpreter
+reads this file's code object, compiled once by the service, from stdin), it says
 ``{"ready": true}`` on stdout and waits for one job on stdin (JSON, then EOF). It runs the
 job's program in child processes under resource limits, writes one JSON line with the
 results and exits; the kernel then kills whatever is left in the namespace.
@@ -24,24 +25,29 @@ Jobs (``kind``):
 
 from __future__ import annotations
 
-import contextlib
-import json
+# Only modules that cost next to nothing to import (each sandbox starts an interpreter):
+# no json (it pulls in re), no signal (enum), no contextlib (functools, collections).
+import _signal as signal
+import marshal
 import os
 import resource
-import secrets
 import select
-import signal
 import sys
 import time
-from typing import Any
 
 FRAME_LIMIT = 1 << 16  # bytes a child may report on its result pipe
 REASON_CHARS = 300
 CODE_NAME = "__arbiter_program__"
 
 
+def nonce():
+    """A tag no program can guess, for the lines its child reports on."""
+    return os.urandom(8).hex()
+
+
 def cut(text, n=REASON_CHARS):
-    text = " ".join(str(text).split())
+    """``text`` on one line, at most ``n`` characters, valid Unicode."""
+    text = " ".join(str(text).split()).encode("utf-8", "replace").decode("utf-8")
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
@@ -111,14 +117,18 @@ def spawn(budget, stdin_path, child_main, args):
                 _print_err(str(exc.code))
         except BaseException:
             code = 1
-            with contextlib.suppress(BaseException):
+            try:
                 import traceback
 
                 traceback.print_exc()
+            except BaseException:
+                pass
         finally:
             for stream in (sys.stdout, sys.stderr):
-                with contextlib.suppress(BaseException):  # closed early: what was sent counts
+                try:  # noqa: SIM105 - closed early: what was sent counts
                     stream.flush()
+                except BaseException:
+                    pass
             os._exit(code & 0xFF)
     for fd in (out_w, err_w, res_w, fd_in):
         os.close(fd)
@@ -126,8 +136,10 @@ def spawn(budget, stdin_path, child_main, args):
 
 
 def _print_err(text):
-    with contextlib.suppress(BaseException):
+    try:  # noqa: SIM105
         sys.stderr.write(text + "\n")
+    except BaseException:
+        pass
 
 
 class Run:
@@ -199,8 +211,10 @@ class Run:
 
     def kill(self):
         if self.status is None:
-            with contextlib.suppress(ProcessLookupError):
+            try:  # noqa: SIM105
                 os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             self.status = os.waitpid(self.pid, 0)[1]
 
     def finish(self):
@@ -225,10 +239,7 @@ class Run:
                 return "hit the CPU time limit"
             if sig == signal.SIGXFSZ:
                 return "hit the file size limit"
-            try:
-                return f"was killed by {signal.Signals(sig).name}"
-            except ValueError:
-                return f"was killed by signal {sig}"
+            return f"was killed by {SIGNAL_NAMES.get(sig, f'signal {sig}')}"
         return f"exited with status {os.WEXITSTATUS(status)}"
 
     def stderr_tail(self):
@@ -238,8 +249,10 @@ class Run:
 
 def sweep():
     """Kill every process of the namespace but this one, and reap them all."""
-    with contextlib.suppress(ProcessLookupError):
+    try:  # noqa: SIM105
         os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
     while True:
         try:
             os.waitpid(-1, 0)
@@ -331,7 +344,7 @@ def run_tests(job, budget):
     results: list[tuple[bool, str] | None] = [None] * n
     start = 0
     while start < n:
-        run = TestsRun(budget, job, start, secrets.token_hex(8))
+        run = TestsRun(budget, job, start, nonce())
         current, progressed, stopped, clean = None, False, None, False
         clock = time.monotonic()  # when the running test (or the program's load) began
         while run.status is None and run.over is None and not clean:
@@ -424,7 +437,7 @@ def run_stdio(job, budget):
             reason = "output limit" if budget.output_left < 0 else "not run: out of time"
             results.extend((False, reason) for _ in job["cases"][i:])
             break
-        path = f"/tmp/.stdin-{secrets.token_hex(8)}"  # a name no earlier test could plant
+        path = f"/tmp/.stdin-{nonce()}"  # a name no earlier test could plant
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with open(fd, "wb") as f:
             f.write(case["input"].encode("utf-8", "replace"))
@@ -455,45 +468,78 @@ def run_stdio(job, budget):
 
 def grader_child(source, sample, item, nonce):
     write = os.write
-    scope: dict[str, Any] = {"__name__": "__grader__", "__builtins__": __builtins__}
+    scope: dict = {"__name__": "__grader__", "__builtins__": __builtins__}
     try:
         exec(compile(source, "<grader>", "exec"), scope)
         value = scope["grade"](sample, item)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise TypeError(f"grade returned {type(value).__name__}, not a number")
-        line = json.dumps({"nonce": nonce, "score": float(value)})
+        line = f"{nonce} score {float(value)!r}"
     except BaseException as exc:
-        line = json.dumps({"nonce": nonce, "error": f"{type(exc).__name__}: {cut(exc)}"})
-    write(3, line.encode() + b"\n")
+        line = f"{nonce} error {type(exc).__name__}: {cut(exc)}"
+    write(3, line.encode("utf-8", "replace") + b"\n")
 
 
 def run_grader(job, budget):
-    nonce = secrets.token_hex(8)
+    tag = nonce()
     sample = {"output_text": job["response"]}
-    run = Run(budget, "/dev/null", grader_child, (job["source"], sample, job["item"], nonce))
+    run = Run(budget, "/dev/null", grader_child, (job["source"], sample, job["item"], tag))
     timed_out = not run.pump(min(budget.deadline, time.monotonic() + job["timeout_s"]))
     run.finish()
     if run.over:
         return {"error": run.over}
     if timed_out:
         return {"error": f"timeout ({job['timeout_s']:g}s)"}
-    try:
-        frame = json.loads(bytes(run.buf["res"]).split(b"\n", 1)[0])
-    except ValueError:
-        frame = None
-    if not isinstance(frame, dict) or frame.get("nonce") != nonce:
+    line = bytes(run.buf["res"]).split(b"\n", 1)[0].decode("utf-8", "replace")
+    parts = line.split(" ", 2)  # "<nonce> score <repr>" or "<nonce> error <text>"
+    if len(parts) != 3 or parts[0] != tag or parts[1] not in ("score", "error"):
         return {
             "error": f"grade gave no result (the grader {run.death()})" + _colon(run.stderr_tail())
         }
-    if "error" in frame:
-        return {"error": f"grade raised {frame['error']}"}
-    score = frame.get("score")
-    if not isinstance(score, float) or score != score or score in (float("inf"), float("-inf")):
-        return {"error": f"grade returned {score!r}, not a finite number"}
+    if parts[1] == "error":
+        return {"error": f"grade raised {parts[2]}"}
+    try:
+        score = float(parts[2])
+    except ValueError:
+        score = float("nan")
+    if score != score or score in (float("inf"), float("-inf")):
+        return {"error": f"grade returned {parts[2]}, not a finite number"}
     return {"score": score}
 
 
 # ------------------------------------------------------------------ main
+
+SIGNAL_NAMES = {
+    signal.SIGABRT: "SIGABRT",
+    signal.SIGBUS: "SIGBUS",
+    signal.SIGFPE: "SIGFPE",
+    signal.SIGILL: "SIGILL",
+    signal.SIGKILL: "SIGKILL",
+    signal.SIGPIPE: "SIGPIPE",
+    signal.SIGSEGV: "SIGSEGV",
+    signal.SIGTERM: "SIGTERM",
+    signal.SIGTRAP: "SIGTRAP",
+}
+
+
+def dump(value):
+    """``value`` as JSON (dicts, lists, strings, numbers, booleans, None): the answer the
+    service parses, without importing json."""
+    if value is None or value is True or value is False:
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, (int, float)):
+        return repr(value) if value == value and abs(value) != float("inf") else "null"
+    if isinstance(value, str):
+        return '"' + "".join(ESCAPES.get(c) or c for c in value) + '"'
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{dump(str(k))}: {dump(v)}" for k, v in value.items()) + "}"
+    return "[" + ", ".join(dump(v) for v in value) + "]"
+
+
+# JSON's escapes: the quote, the backslash, control characters; lone surrogates replaced
+ESCAPES = {chr(i): f"\\u{i:04x}" for i in range(32)}
+ESCAPES.update({'"': '\\"', "\\": "\\\\"})
+ESCAPES.update({chr(i): "\ufffd" for i in range(0xD800, 0xE000)})
 
 KINDS = {"tests": run_tests, "stdio": run_stdio, "grader": run_grader}
 
@@ -504,14 +550,15 @@ def main():
     out = sys.stdout.buffer
     out.write(b'{"ready": true}\n')
     out.flush()
-    job = json.loads(sys.stdin.buffer.read())
+    job = marshal.loads(sys.stdin.buffer.read())  # the service's own bytes
     budget = Budget(job)
     answer = KINDS[job["kind"]](job, budget)
     sweep()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     answer["cpu_s"] = usage.ru_utime + usage.ru_stime
-    out.write(json.dumps(answer).encode() + b"\n")
+    out.write(dump(answer).encode("utf-8", "replace") + b"\n")
     out.flush()
 
 
-main()
+if __name__ == "__main__":  # run by the boot line (jail.BOOT), not imported
+    main()
