@@ -23,12 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import logging
 import marshal
 import os
+import platform
 import shutil
 import signal
+import struct
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -135,6 +138,54 @@ def compiled_harness(python: str) -> bytes:
     return b"%d\n" % len(code) + code
 
 
+# A seccomp filter (classic BPF, as bwrap --seccomp reads it) that refuses, with EPERM, the
+# system calls that reach into other processes (ptrace, process_vm_*) or expose the kernel's
+# riskier surfaces (keyrings, bpf, perf events, userfaultfd, io_uring), and kills a process
+# that calls through another ABI (x32, i386). Numbers per architecture.
+SECCOMP_DENY = {
+    # machine: (AUDIT_ARCH_*, {syscall: number})
+    "x86_64": (
+        0xC000003E,
+        {
+            "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
+            "add_key": 248, "request_key": 249, "keyctl": 250, "bpf": 321,
+            "perf_event_open": 298, "userfaultfd": 323, "io_uring_setup": 425,
+            "io_uring_enter": 426, "io_uring_register": 427,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        {
+            "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
+            "add_key": 217, "request_key": 218, "keyctl": 219, "bpf": 280,
+            "perf_event_open": 241, "userfaultfd": 282, "io_uring_setup": 425,
+            "io_uring_enter": 426, "io_uring_register": 427,
+        },
+    ),
+}  # fmt: skip
+
+
+def seccomp_filter(machine: str | None = None) -> bytes | None:
+    """The filter's instructions (``struct sock_filter``), or None on an architecture
+    without a table here (the sandbox then runs without one; the log says so)."""
+    found = SECCOMP_DENY.get(machine or platform.machine())
+    if found is None:
+        return None
+    audit_arch, numbers = found
+
+    def op(code: int, jt: int, jf: int, k: int) -> bytes:
+        return struct.pack("<HBBI", code, jt, jf, k)
+
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, RET|K
+    allow, kill, eperm = 0x7FFF0000, 0x80000000, 0x00050000 | errno.EPERM
+    out = [op(ld, 0, 0, 4), op(jeq, 1, 0, audit_arch), op(ret, 0, 0, kill), op(ld, 0, 0, 0)]
+    if audit_arch == 0xC000003E:  # x32 system calls on x86_64: bit 30 of the number
+        out += [op(jge, 0, 1, 0x40000000), op(ret, 0, 0, kill)]
+    for number in sorted(numbers.values()):
+        out += [op(jeq, 0, 1, number), op(ret, 0, 0, eperm)]
+    return b"".join([*out, op(ret, 0, 0, allow)])
+
+
 def setpriv(settings: SandboxSettings) -> list[str]:
     """``setpriv`` (util-linux) switching to ``SANDBOX_UID``/``GID`` with no other groups."""
     found = shutil.which("setpriv")
@@ -230,8 +281,13 @@ class Pool:
         self.size = size
         self.argv = bwrap_argv(settings)
         self.harness = compiled_harness(settings.python)
+        self.seccomp = seccomp_filter()
+        if self.seccomp is None:
+            log.warning("no seccomp filter for %s: sandboxes run without one", platform.machine())
+        self._bwrap_at = 0  # where the bwrap binary is in argv
         if os.geteuid() == 0:  # never run untrusted code as root: drop to SANDBOX_UID first
-            self.argv = [*setpriv(settings), *self.argv]
+            prefix = setpriv(settings)
+            self.argv, self._bwrap_at = [*prefix, *self.argv], len(prefix)
         self._ready: asyncio.Queue[Sandbox] = asyncio.Queue()
         self._starting: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -260,9 +316,17 @@ class Pool:
         return self._ready.qsize()
 
     async def spawn(self) -> Sandbox:
+        argv, fds = self.argv, []
+        if self.seccomp is not None:  # bwrap reads the filter from a pipe of its own
+            read, write = os.pipe()
+            os.write(write, self.seccomp)  # a few hundred bytes: within the pipe's buffer
+            os.close(write)
+            fds = [read]
+            at = self._bwrap_at + 1  # its options right after the bwrap binary
+            argv = [*argv[:at], "--seccomp", str(read), *argv[at:]]
         try:
             proc = await asyncio.create_subprocess_exec(
-                *self.argv,
+                *argv,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
@@ -270,11 +334,15 @@ class Pool:
                 limit=ANSWER_LIMIT,
                 cwd="/",
                 env={},
+                pass_fds=fds,
             )
         except OSError as exc:
             SANDBOX_FAILURES.labels("spawn").inc()
             self.last_error = f"cannot start bwrap: {exc}"
             raise SandboxFailure(self.last_error) from None
+        finally:
+            for fd in fds:
+                os.close(fd)
         SANDBOXES_STARTED.inc()
         box = Sandbox(proc)
         try:

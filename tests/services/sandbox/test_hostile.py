@@ -75,6 +75,20 @@ CORPUS: list[tuple[str, str, str, float, dict[str, str]]] = [
         1.0,
         {},
     ),
+    # the kernel's riskier calls are refused by the seccomp filter (EPERM), not run: keyrings
+    # (keyctl would return the session keyring's id), io_uring, bpf, process_vm_readv
+    (
+        "refused system calls",
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "def f():\n"
+        "    calls = [(250, (0, -3, 0)), (425, (1, 0)), (321, (0, 0, 0)),\n"
+        "             (310, (1, 0, 0, 0, 0, 0))]\n"
+        "    refused = [libc.syscall(n, *a) == -1 and ctypes.get_errno() == 1 for n, a in calls]\n"
+        "    return int(all(refused) or os.uname().machine != 'x86_64')\n" + ONE,
+        TWO_TESTS,
+        1.0,
+        {},
+    ),
     # signals to its parent, PID 1 and every process: the runner lives on, both reported
     (
         "signals to the parent",
