@@ -76,6 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         p_up.add_argument(f"--{name}-port", type=int, default=None, help="default: its setting")
     p_up.add_argument("--no-embedding", action="store_true", help="don't start the embedder")
     p_up.add_argument(
+        "--no-sandbox", action="store_true",
+        help="don't start the sandbox (recipes code, code-all: not configured)",
+    )  # fmt: skip
+    p_up.add_argument(
         "--judge-base-url",
         default=None,
         help="OpenAI-compatible server (e.g. http://127.0.0.1:8010/v1); starts the judge",

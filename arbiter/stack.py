@@ -1,9 +1,15 @@
 """``arbiter up``: Redis and every service as local processes, offline defaults.
 
 Starts redis-server (bound to 127.0.0.1), verify, embedding (unless ``--no-embedding``),
-judge (when a judge server is given) and the gateway; waits until each is ready; scores
-a few GSM8K samples through the gateway and prints them; then keeps the stack running
-until Ctrl-C or SIGTERM, and stops every child process on the way out.
+judge (when a judge server is given), sandbox (unless ``--no-sandbox``) and the gateway;
+waits until each is ready; scores a few GSM8K samples through the gateway and prints them
+with the recipes the gateway can serve; then keeps the stack running until Ctrl-C or
+SIGTERM, and stops every child process on the way out.
+
+The sandbox (recipes ``code`` and ``code-all``) needs bubblewrap and a kernel that lets an
+unprivileged user make user namespaces. Where bwrap is missing, or the sandbox does not
+start, ``arbiter up`` says so in one line and runs without it: the gateway then has no
+GATEWAY_SANDBOX_URL and refuses the code recipes (422 component_not_configured).
 
 While it runs, a child that exits is restarted with back-off and logged
 (``arbiter.supervise.Supervisor``); its children never outlive it, even when it is killed
@@ -24,6 +30,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import signal
 import threading
 from pathlib import Path
@@ -46,6 +53,16 @@ def _port_free(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) != 0
 
 
+def sandbox_off(args: argparse.Namespace) -> str | None:
+    """Why the sandbox is not started (None: it is): --no-sandbox, or no bwrap to run."""
+    if getattr(args, "no_sandbox", False):
+        return "--no-sandbox"
+    bwrap = os.environ.get("SANDBOX_BWRAP") or "bwrap"
+    if shutil.which(bwrap) is None:
+        return f"{bwrap} not found; Debian: apt-get install bubblewrap"
+    return None
+
+
 def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
     """The processes to start, in order (each depends only on those before it)."""
     # The ledger, quotas and idempotency keys survive a restart: AOF, fsync every second.
@@ -64,6 +81,8 @@ def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
     skip = {"embedding"} if args.no_embedding else set()
     if not args.judge_base_url:
         skip.add("judge")
+    if sandbox_off(args):
+        skip.add("sandbox")
     for name in SERVICES:  # the gateway comes last: it needs the others' URLs
         if name in skip:
             continue
@@ -72,7 +91,8 @@ def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
             getattr(args, f"{name}_port"),  # None: the service's own port setting
             env=env[name],
             log_path=logs / f"{name}.log",
-            ready_path="/readyz" if name in ("verify", "embedding") else "/healthz",
+            # ready: verify's workers, the embedder's model, a sandbox started and checked
+            ready_path="/readyz" if name in ("verify", "embedding", "sandbox") else "/healthz",
         )
         procs.append(proc)
         if name != "gateway":
@@ -97,6 +117,41 @@ def sample_groups(data_dir: Path, n: int) -> list[dict[str, Any]]:
                  "responses": responses}
             )  # fmt: skip
     return groups
+
+
+def _start_sandbox(proc: ManagedProcess, gateway: ManagedProcess) -> bool:
+    """Start the sandbox; where it does not start (user namespaces refused, ...), say why in
+    one line, stop it and leave the gateway without it."""
+    proc.start()
+    try:
+        proc.wait_ready(timeout=60)
+        return True
+    except (RuntimeError, TimeoutError):
+        proc.stop()
+        gateway.env.pop("GATEWAY_SANDBOX_URL", None)
+        lines = proc.log_path.read_text(errors="replace").splitlines() if proc.log_path else []
+        why = next((ln for ln in reversed(lines) if "bwrap" in ln or "Error" in ln), "")
+        why = why.rsplit("SandboxFailure: ", 1)[-1].replace("\\n", " ").strip()[:300]
+        log.warning("sandbox did not start (%s; log: %s): recipes code and code-all are not "
+                    "configured", why or "no reason in its log", proc.log_path)  # fmt: skip
+        return False
+
+
+def print_recipes(gateway: str) -> None:
+    """The gateway's recipes, those it cannot serve with the reason's service (GET /v1/recipes)."""
+    key = os.environ.get("ARBITER_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    try:
+        r = httpx.get(f"{gateway}/v1/recipes", headers=headers, timeout=10)
+        r.raise_for_status()
+        recipes = r.json()["recipes"]
+    except (httpx.HTTPError, ValueError, KeyError):
+        return  # auth on without a key: nothing to show
+    ok = [x["name"] for x in recipes if x.get("available", True)]
+    off = [x["name"] for x in recipes if not x.get("available", True)]
+    print(f"  recipes    {', '.join(ok)}")
+    if off:
+        print(f"             not configured here: {', '.join(off)}")
 
 
 def _fmt(value: float | None) -> str:
@@ -142,9 +197,16 @@ def up(args: argparse.Namespace) -> int:
     for proc in procs:
         proc.watchdog = watchdog
     started: list[ManagedProcess] = []
+    off = sandbox_off(args)
+    if off and off != "--no-sandbox":
+        log.warning("sandbox not started (%s): recipes code and code-all are not configured", off)
     try:
         for proc in procs:
             log.info("starting %s", proc.name)
+            if proc.name == "sandbox":
+                if _start_sandbox(proc, procs[-1]):
+                    started.append(proc)
+                continue
             started.append(proc.start())
             proc.wait_ready(timeout=180)
         gateway = f"http://127.0.0.1:{procs[-1].port}"
@@ -161,6 +223,9 @@ def up(args: argparse.Namespace) -> int:
             host = args.host if proc.name == "gateway" and getattr(args, "host", None) else None
             where = f"{scheme}://{host or '127.0.0.1'}:{proc.port}"
             print(f"  {proc.name:<10} {where}   log: {proc.log_path}")
+        if not any(p.name == "sandbox" for p in started):
+            print(f"  sandbox    not started ({off or 'it did not start; see above'})")
+        print_recipes(gateway)
         print(f"  API docs   {gateway}/docs")
         if keys:
             print(f"  auth       on: every /v1/* call needs a key from {keys} "

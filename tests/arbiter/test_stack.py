@@ -21,14 +21,24 @@ def _listening(port: int) -> bool:
 
 
 def _up_argv(tmp_path: Path, gsm8k_dir: Path, *extra: str) -> tuple[list[str], list[int]]:
-    ports = [free_port() for _ in range(4)]
+    """argv and ports: gateway, verify, embedding, redis, sandbox."""
+    ports = [free_port() for _ in range(5)]
     argv = [
         sys.executable, "-m", "arbiter.cli", "up",
         "--gateway-port", str(ports[0]), "--verify-port", str(ports[1]),
         "--embedding-port", str(ports[2]), "--redis-port", str(ports[3]),
+        "--sandbox-port", str(ports[4]),
         "--data", str(gsm8k_dir), "--samples", "2", "--logs", str(tmp_path / "logs"), *extra,
     ]  # fmt: skip
     return argv, ports
+
+
+def _recipes(stdout: str) -> tuple[set[str], set[str]]:
+    """(recipes served, recipes not configured) as `arbiter up` lists them."""
+    lines = stdout.splitlines()
+    served = next(ln for ln in lines if ln.startswith("  recipes "))
+    off = next((ln for ln in lines if "not configured here:" in ln), ": ")
+    return set(served.split(None, 1)[1].split(", ")), set(off.split(": ", 1)[1].split(", "))
 
 
 def test_up_once_scores_samples_and_stops_everything(tmp_path: Path, gsm8k_dir: Path) -> None:
@@ -39,9 +49,12 @@ def test_up_once_scores_samples_and_stops_everything(tmp_path: Path, gsm8k_dir: 
     assert "recipe gsm8k-diverse" in done.stdout
     assert "math_accuracy=1.000" in done.stdout and "format=1.000" in done.stdout
     assert "Arbiter is up" in done.stdout
+    # the sandbox started, and the gateway serves the code recipes with it
+    served, off = _recipes(done.stdout)
+    assert {"code", "code-all", "gsm8k"} <= served and not {"code", "code-all"} & off, done.stdout
     assert not any(_listening(p) for p in ports), "a child process outlived `arbiter up`"
     # each service ran as `arbiter serve NAME`: its log lines carry its name
-    for name in ("verify", "embedding", "gateway"):
+    for name in ("verify", "embedding", "sandbox", "gateway"):
         log = (tmp_path / "logs" / f"{name}.log").read_text()
         assert f"Z {name} INFO uvicorn.error: Application startup complete." in log, log
 
@@ -58,7 +71,7 @@ def test_up_stops_every_child_on_sigterm(tmp_path: Path, gsm8k_dir: Path) -> Non
             break
     assert any("Arbiter is up" in line for line in lines), "".join(lines)
     live = [p for i, p in enumerate(ports) if i != 2 and _listening(p)]
-    assert len(live) == 3  # gateway, verify, redis (embedding not started)
+    assert len(live) == 4  # gateway, verify, redis, sandbox (embedding not started)
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     time.sleep(0.5)
@@ -74,3 +87,36 @@ def test_up_refuses_busy_ports(tmp_path: Path, gsm8k_dir: Path, busy_index: int)
         done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "ports in use" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("bwrap", "says"),
+    [
+        # no bubblewrap on the machine: not started, one line says how to install it
+        (
+            "/nonexistent/bwrap",
+            "sandbox not started (/nonexistent/bwrap not found; Debian: "
+            "apt-get install bubblewrap)",
+        ),
+        # a bwrap that cannot make a sandbox (here: one that exits at once, as bwrap does
+        # where user namespaces are refused): started, not ready, stopped, left out
+        ("/bin/false", "sandbox did not start"),
+    ],
+    ids=["no-bwrap", "sandbox-fails"],
+)
+def test_up_runs_without_the_sandbox_and_says_so(
+    tmp_path: Path, gsm8k_dir: Path, bwrap: str, says: str
+) -> None:
+    argv, ports = _up_argv(tmp_path, gsm8k_dir, "--once", "--no-embedding")
+    env = {**os.environ, "SANDBOX_BWRAP": bwrap}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    # one line, saying why and what that means
+    notes = [ln for ln in done.stderr.splitlines() if "recipes code and code-all" in ln]
+    assert len(notes) == 1 and says in notes[0], done.stderr
+    assert "  sandbox    not started" in done.stdout, done.stdout
+    # the gateway has no sandbox: it lists the code recipes as not configured, math as served
+    served, off = _recipes(done.stdout)
+    assert {"code", "code-all"} <= off and "gsm8k" in served, done.stdout
+    assert "math_accuracy=1.000" in done.stdout
+    assert not any(_listening(p) for p in ports), "a child process outlived `arbiter up`"
