@@ -3,9 +3,12 @@
     arbiter score --recipe gsm8k --input groups.jsonl --output scores.jsonl [--concurrency 4]
 
 Each input line is one group, ``{"id", "prompt", "reference", "responses": [...]}`` (a line
-without an ``id`` is named ``line-<n>``, n counting from 1). Groups go to the gateway in
-requests of ``--batch`` groups, at most ``--concurrency`` requests in flight, through the
-client (retries with backoff). Each scored group is appended to the output as it arrives,
+without an ``id`` is named ``line-<n>``, n counting from 1), or a HumanEval, MBPP or
+stdin/stdout row with the policy's ``responses`` added, made into a group for the ``code``
+recipes (``arbiter.rows``; ``--canonical`` scores the dataset's own solutions instead).
+Groups go to the gateway in requests of ``--batch`` groups, at most ``--concurrency``
+requests in flight, through the client (retries with backoff). Each scored group is
+appended to the output as it arrives,
 ``{"id", "rewards", "components", "masked", "errors", "info", "recipe", "fingerprint"}``;
 a group whose request failed is written as ``{"id", "error": {"type", "message"}}``. Run
 again with the same output to resume: ids already scored there are skipped, failed ones
@@ -41,6 +44,7 @@ from pydantic import ValidationError
 from arbiter.client import ArbiterClient, RecipeArg, RetryPolicy, recipe_problem
 from arbiter.errors import ArbiterError
 from arbiter.proto.gateway import ScoreGroup, ScoreResponse
+from arbiter.rows import RowError, as_group
 
 
 @dataclass
@@ -114,7 +118,7 @@ def read_done(path: Path, summary: Summary) -> set[str]:
 Item = tuple[str, dict[str, Any] | str]  # (id, group) or (id, why the line is bad)
 
 
-def read_input(path: Path, done: set[str]) -> Iterator[Item]:
+def read_input(path: Path, done: set[str], canonical: bool = False) -> Iterator[Item]:
     with path.open() as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -123,7 +127,13 @@ def read_input(path: Path, done: set[str]) -> Iterator[Item]:
                 raw = json.loads(line)
                 if not isinstance(raw, dict):
                     raise ValueError("a line must be a JSON object (one group)")
+                raw = as_group(raw, canonical)  # a dataset row (HumanEval, MBPP) as a group
                 gid = str(raw["id"]) if raw.get("id") not in (None, "") else f"line-{n}"
+            except RowError as exc:
+                named = raw.get("id", raw.get("task_id"))
+                gid = str(named) if named not in (None, "") else f"line-{n}"
+                yield gid, f"line {n}: {exc.field}: {exc}"
+                continue
             except ValueError as exc:
                 yield f"line-{n}", f"line {n}: {exc}"
                 continue
@@ -216,7 +226,7 @@ async def score_file(
             raise SystemExit(f"arbiter score: --recipe {args.recipe}: {exc}") from None
         if problem is not None:
             raise SystemExit(f"arbiter score: {problem.message}")
-        todo = batches(read_input(Path(args.input), done), args.batch)
+        todo = batches(read_input(Path(args.input), done, args.canonical), args.batch)
 
         async def worker() -> None:
             for batch in todo:  # one shared iterator: each batch goes to one worker
@@ -417,6 +427,10 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--batch", type=int, default=16, help="groups per request (16)")
     p.add_argument("--on-error", choices=("mask", "fail"), default="mask")
     p.add_argument("--quiet", action="store_true", help="no progress bar; plain summary")
+    p.add_argument(
+        "--canonical", action="store_true",
+        help="HumanEval/MBPP rows: score the dataset's own solution (each should score 1.0)",
+    )  # fmt: skip
     common(p)
     p.set_defaults(func=cmd_score)
 

@@ -17,6 +17,7 @@ from arbiter.cli import main
 from arbiter.procs import free_port
 from arbiter.stack import _plan
 from tests.arbiter.integrations.conftest import score_requests
+from tests.conftest import start_service
 
 GOOD = "<think>9 + 9 = 18</think><answer>18</answer>"
 BARE = "The answer is 18."
@@ -192,8 +193,8 @@ def test_up_host_binds_only_the_gateway(
 ) -> None:
     args = argparse.Namespace(redis_port=free_port(), judge_base_url=None, judge_model=None,
                               no_embedding=True, host=host, verify_port=free_port(),
-                              embedding_port=None, judge_port=None,
-                              gateway_port=free_port())  # fmt: skip
+                              embedding_port=None, judge_port=None, sandbox_port=None,
+                              no_sandbox=True, gateway_port=free_port())  # fmt: skip
     procs = {p.name: p for p in _plan(args, tmp_path)}
     assert procs["gateway"].env.get("GATEWAY_HOST") == gateway_host
     assert "VERIFY_HOST" not in procs["verify"].env  # internal services stay on loopback
@@ -228,3 +229,73 @@ def test_interrupt_says_how_far_it_got_and_resume_scores_every_id_once(
     assert sorted(ids) == sorted(f"g{i}" for i in range(n)) and len(ids) == n
     assert f"{n}/{n}" in done.stderr  # n/total, resumed groups included
     assert f"{n} ({scored} from an earlier run)" in done.stderr
+
+
+# --- dataset rows (HumanEval, MBPP) through the code recipe: a real gateway and sandbox ---
+
+RIGHT_ADD = "Here it is:\n```python\ndef add(a, b):\n    return a + b\n```\n"
+WRONG_ADD = "```python\ndef add(a, b):\n    return a * b\n```"
+HUMANEVAL_ROW = {
+    "task_id": "HumanEval/900",
+    "prompt": 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n',
+    "canonical_solution": "    return a + b\n",
+    "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n"
+    "    assert candidate(0, 7) == 7\n",
+    "entry_point": "add",
+}
+MBPP_ROW = {
+    "task_id": 901,
+    "text": "Write a function to find the shared elements of two lists.",
+    "code": "def similar_elements(a, b):\n    return tuple(sorted(set(a) & set(b)))",
+    "test_list": [
+        "assert similar_elements((3, 4, 5, 6), (5, 7, 4, 10)) == (4, 5)",
+        "assert similar_elements((1, 2, 3, 4), (5, 4, 3, 7)) == (3, 4)",
+    ],
+    "test_setup_code": "",
+    "challenge_test_list": [],
+}
+
+
+@pytest.fixture(scope="module")
+def code_gateway(log_dir: Path, verify_url: str, redis_url: str) -> Any:
+    """A gateway with a sandbox behind it (GATEWAY_SANDBOX_URL): the code recipes."""
+    sandbox, sandbox_url = start_service("sandbox", log_dir, {"SANDBOX_WORKERS": "2"})
+    env = {"GATEWAY_VERIFY_URL": verify_url, "REDIS_URL": redis_url,
+           "GATEWAY_SANDBOX_URL": sandbox_url}  # fmt: skip
+    gateway, url = start_service("gateway", log_dir, env)
+    yield url
+    gateway.stop()
+    sandbox.stop()
+
+
+def test_humaneval_and_mbpp_rows_score_with_the_code_recipe(
+    code_gateway: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rows = [
+        # a right and a wrong program for each shape: 1.0 and 0.0
+        {**HUMANEVAL_ROW, "responses": [RIGHT_ADD, WRONG_ADD]},
+        {**MBPP_ROW, "completions": [MBPP_ROW["code"], "def similar_elements(a, b):\n"
+                                     "    return tuple(set(a) | set(b))"]},
+        # a HumanEval row without the policy's responses: recorded, named, not sent
+        {**HUMANEVAL_ROW, "task_id": "HumanEval/902"},
+    ]  # fmt: skip
+    src, out = write(tmp_path / "rows.jsonl", rows), tmp_path / "out.jsonl"
+    code = main(["score", "--recipe", "code", "--input", str(src), "--output", str(out),
+                 "--url", code_gateway, "--quiet"])  # fmt: skip
+    assert code == 1, capsys.readouterr().err  # the row without responses failed
+    got = {r["id"]: r for r in read(out)}
+    assert got["HumanEval/900"]["rewards"] == [1.0, 0.0], got["HumanEval/900"]
+    assert got["901"]["components"]["code_tests"] == [1.0, 0.0], got["901"]
+    assert got["HumanEval/902"]["error"]["message"] == (
+        "line 3: responses: missing: add the policy's responses to each row (or run --canonical)"
+    )
+
+
+def test_canonical_solutions_pass_their_own_tests(code_gateway: str, tmp_path: Path) -> None:
+    # the dataset's own solutions (HumanEval: prompt + canonical_solution) under its tests
+    src = write(tmp_path / "rows.jsonl", [HUMANEVAL_ROW, MBPP_ROW])
+    out = tmp_path / "out.jsonl"
+    code = main(["score", "--recipe", "code-all", "--canonical", "--input", str(src),
+                 "--output", str(out), "--url", code_gateway, "--quiet"])  # fmt: skip
+    assert code == 0
+    assert {r["id"]: r["rewards"] for r in read(out)} == {"HumanEval/900": [1.0], "901": [1.0]}
