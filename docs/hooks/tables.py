@@ -87,6 +87,8 @@ def _default(value: Any) -> str:
 
 
 def _field_default(info: Any) -> str:
+    if info.is_required():  # no default: the caller must give it (python_grader's source)
+        return "required"
     if info.default_factory is None:
         return _default(info.default)
     made = info.default_factory()
