@@ -44,13 +44,15 @@ lock:
 
 # System tools: a real redis-server; Debian's docker-compose v1 validates compose files offline;
 # promtool (Debian's prometheus package) checks monitoring/; Debian's chromium opens the docs
-# site in tests/test_docs_browser.py (Playwright drives it; no browser download).
+# site in tests/test_docs_browser.py (Playwright drives it; no browser download); bubblewrap
+# is the sandbox service's jail.
 redis:
 	@command -v redis-server >/dev/null && command -v docker-compose >/dev/null \
-	  && command -v promtool >/dev/null && command -v chromium >/dev/null || { \
-	  echo "installing redis-server, docker-compose, prometheus (promtool) and chromium (apt)"; \
+	  && command -v promtool >/dev/null && command -v chromium >/dev/null \
+	  && command -v bwrap >/dev/null || { \
+	  echo "installing redis-server, docker-compose, prometheus, chromium and bubblewrap (apt)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends redis-server docker-compose prometheus chromium; }
+	    --no-install-recommends redis-server docker-compose prometheus chromium bubblewrap; }
 
 # vLLM's CPU build serves the judge's test model; its own venv, its own torch.
 vllm: $(VLLM_VENV)/.installed
