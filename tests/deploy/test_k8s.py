@@ -32,7 +32,7 @@ from tests.deploy.tools import run, tool
 
 KUSTOMIZE_DIRS = sorted(p.parent for p in K8S.rglob("kustomization.yaml"))
 TARGETS = ["base", *(f"overlays/{o}" for o in OVERLAYS)]
-HPA_FOR = {"gateway", "verify", "embedding"}
+HPA_FOR = {"gateway", "verify", "embedding", "sandbox"}
 # Secrets an overlay expects to exist already (created out of band, never rendered).
 EXTERNAL_SECRETS = {"overlays/prod": {"arbiter-api-keys", "arbiter-gateway-keys"}}
 GPU = "nvidia.com/gpu"
@@ -337,7 +337,7 @@ def test_only_the_gateway_reaches_the_components(target: str, rendered: Any) -> 
             return None
         out: set[str] = set()
         for policy in selecting:
-            assert policy["spec"]["policyTypes"] == ["Ingress"], policy["metadata"]["name"]
+            assert "Ingress" in policy["spec"]["policyTypes"], policy["metadata"]["name"]
             for rule in policy["spec"].get("ingress", []):
                 for peer in rule["from"]:  # a rule without `from` would let everyone in
                     if "podSelector" in peer:
@@ -347,7 +347,47 @@ def test_only_the_gateway_reaches_the_components(target: str, rendered: Any) -> 
                         assert ns == {"kubernetes.io/metadata.name": "monitoring"}, peer
         return out
 
-    for name in ("verify", "embedding", "judge", "redis"):
+    for name in ("verify", "embedding", "judge", "redis", "sandbox"):
         assert callers(name) == {"gateway"}, name
     assert callers("vllm") == {"judge"}
     assert callers("gateway") is None  # the public API
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_the_sandbox_has_no_egress_and_only_the_privileges_bwrap_needs(
+    target: str, rendered: Any
+) -> None:
+    res = rendered[target]
+    labels = {"app.kubernetes.io/name": "sandbox"}
+    policies = [
+        r for (kind, _), r in res.items()
+        if kind == "NetworkPolicy" and _matches(r["spec"]["podSelector"], labels)
+    ]  # fmt: skip
+    # an Egress policy with no rule denies every connection out (DNS included)
+    assert any(
+        "Egress" in p["spec"]["policyTypes"] and not p["spec"].get("egress") for p in policies
+    ), f"{target}: the sandbox may connect out: {[p['metadata']['name'] for p in policies]}"
+    for policy in policies:  # no other policy selecting it opens an egress
+        assert not policy["spec"].get("egress"), policy["metadata"]["name"]
+    # every other pod keeps the default profiles: only the sandbox's are lifted
+    for w in _workloads(res):
+        pod = w["spec"]["template"]["spec"]
+        profile = pod["securityContext"]["seccompProfile"]["type"]
+        if w["metadata"]["name"] != "sandbox":
+            assert profile == "RuntimeDefault", w["metadata"]["name"]
+    deployment = res[("Deployment", "sandbox")]
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    # bwrap: user namespaces and mount() in them (refused by the default seccomp and
+    # AppArmor profiles), a fresh /proc per sandbox (refused under masked /proc paths)
+    assert pod["securityContext"]["seccompProfile"] == {"type": "Unconfined"}
+    assert pod["securityContext"]["appArmorProfile"] == {"type": "Unconfined"}
+    assert container["securityContext"]["procMount"] == "Unmasked"
+    assert pod["hostUsers"] is False, "Unmasked /proc only in a pod user namespace"
+    # and nothing more: no capability, no privilege, no escalation, a read-only root
+    sc = container["securityContext"]
+    assert sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged")
+    assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
+    assert not any(pod.get(k) for k in ("hostNetwork", "hostPID", "hostIPC"))
+    gateway = container_env(_container(res, "gateway"))
+    assert gateway["GATEWAY_SANDBOX_URL"] == f"http://sandbox:{PORTS['sandbox']}"
