@@ -165,7 +165,8 @@ def test_every_metric_is_documented() -> None:
     for name in SERVICES:
         importlib.import_module(f"arbiter.services.{name}.app")
     text = (DOCS / "operations" / "metrics.md").read_text()
-    names = {m.name for m in REGISTRY.collect() if m.name.startswith(("arbiter_", "verify_"))}
+    prefixes = ("arbiter_", "verify_", "sandbox_")
+    names = {m.name for m in REGISTRY.collect() if m.name.startswith(prefixes)}
     assert names, "no Arbiter metrics registered"
     missing = sorted(n for n in names if n not in text)  # counters are listed with _total
     assert missing == [], f"metrics missing from docs/operations/metrics.md: {missing}"

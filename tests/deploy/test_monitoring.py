@@ -107,6 +107,10 @@ def test_dashboard_shows_what_operators_need() -> None:
         "arbiter_gateway_component_errors_total",  # errors by kind
         "arbiter_gateway_component_score_bucket",  # reward distribution per component
         "arbiter_judge_tokens_total",  # judge tokens
+        "sandbox_items_total",  # the sandbox's responses by outcome
+        "sandbox_job_seconds_bucket",  # its job time
+        "arbiter_gateway_team_sandbox_cpu_seconds_total",  # its CPU time per team
+        "sandbox_failures_total",  # the sandbox's own failures by stage
     ):
         assert metric in exprs, metric
 
@@ -128,7 +132,7 @@ def test_dashboard_variables_scope_the_queries() -> None:
             expr = target["expr"]
             used = set(re.findall(r"\$\{?([a-z_]+)", expr)) - {"__rate_interval", "__range"}
             assert used <= defined, (panel["title"], used - defined)
-            for metric in re.findall(r"\b(?:arbiter|verify)_[a-z0-9_]+\b", expr):
+            for metric in re.findall(r"\b(?:arbiter|verify|sandbox)_[a-z0-9_]+\b", expr):
                 assert re.search(rf'{metric}{{[^}}]*instance=~"\$instance"', expr), metric
             if "recipe" in expr.split("(")[0] or "by (recipe" in expr:
                 assert 'recipe=~"$recipe"' in expr, panel["title"]
@@ -145,6 +149,7 @@ def test_dashboard_has_per_team_panels() -> None:
         "arbiter_gateway_quota_rejections_total",  # quota refusals
         "arbiter_gateway_team_nulls_total",  # null rate (over responses)
         "arbiter_gateway_team_judge_tokens_total",  # judge tokens
+        "arbiter_gateway_team_sandbox_cpu_seconds_total",  # sandbox CPU time
     ):
         assert any(metric in e for e in team.values()), metric
 
@@ -166,7 +171,7 @@ def queried_metrics() -> dict[str, set[str]]:
     sources += [(r["alert"], r["expr"]) for g in rules for r in g["rules"]]
     for name, expr in sources:
         expr = re.sub(r'"[^"]*"', '""', expr)  # label values are not metric names
-        for token in re.findall(r"\b(?:arbiter|verify)_[a-z0-9_]+\b", expr):
+        for token in re.findall(r"\b(?:arbiter|verify|sandbox)_[a-z0-9_]+\b", expr):
             where.setdefault(token, set()).add(name)
     return where
 
@@ -180,14 +185,25 @@ def judge_url(log_dir: Path) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def sandbox_url(log_dir: Path) -> Iterator[str]:
+    proc, url = start_service("sandbox", log_dir, {"SANDBOX_WORKERS": "1", "SANDBOX_SPARE": "0"})
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
 def exported(
-    request: pytest.FixtureRequest, gateway_url: str, verify_url: str, judge_url: str
+    request: pytest.FixtureRequest,
+    gateway_url: str,
+    verify_url: str,
+    judge_url: str,
+    sandbox_url: str,
 ) -> set[str]:
     """Every sample name the running services' /metrics can show."""
     embedding: str = request.getfixturevalue("embedding_url")
     wait_ready(embedding)
     names: set[str] = set()
-    for url in (gateway_url, verify_url, embedding, judge_url):
+    for url in (gateway_url, verify_url, embedding, judge_url, sandbox_url):
         text = httpx.get(f"{url}/metrics", timeout=10.0).text
         for kind_line in re.finditer(r"^# TYPE (\S+) (\S+)$", text, re.M):
             name, kind = kind_line.groups()
@@ -215,7 +231,7 @@ def test_the_service_monitor_matches_the_services() -> None:
     [endpoint] = sm["spec"]["endpoints"]
     assert endpoint["path"] == "/metrics"
     base = by_kind_name(kustomize(K8S / "base", tool("kubectl")))
-    for name in ("gateway", "verify", "embedding", "judge"):
+    for name in ("gateway", "verify", "embedding", "judge", "sandbox"):
         service = base[("Service", name)]
         assert selector.items() <= service["metadata"]["labels"].items(), name
         ports = {p["name"] for p in service["spec"]["ports"]}
