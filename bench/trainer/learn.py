@@ -45,7 +45,9 @@ def _ready(proc: Any, timeout: float) -> None:
         raise RuntimeError(f"{proc.name} did not start: {e}\n{tail}") from e
 
 
-def _services(log_dir: Path, verify_workers: int) -> tuple[list[Any], str]:
+def _services(log_dir: Path, verify_workers: int, embedding: str = "") -> tuple[list[Any], str]:
+    """verify (+ the embedding service on ``embedding``'s model: on the GPU in float16 when
+    there is one, as a user would run it) and the gateway in front; their URL."""
     from arbiter.procs import free_port, service_process
 
     vport, gport = free_port(), free_port()
@@ -54,11 +56,25 @@ def _services(log_dir: Path, verify_workers: int) -> tuple[list[Any], str]:
         log_path=log_dir / "verify.log",
     )  # fmt: skip
     _ready(verify, 120)
+    procs = [verify]
     # no REDIS_URL: the gateway falls back to its in-process LRU
     env = {"GATEWAY_VERIFY_URL": f"http://127.0.0.1:{vport}", "REDIS_URL": ""}
+    if embedding:
+        import torch
+
+        gpu = torch.cuda.is_available()
+        eport = free_port()
+        eenv = {"EMBEDDING_DEVICE": "cuda" if gpu else "cpu",
+                "EMBEDDING_DTYPE": "float16" if gpu else "float32"}  # fmt: skip
+        if embedding != "default":  # else the service's own default (MiniLM from its wheel)
+            eenv["EMBEDDING_MODEL"] = embedding
+        emb = service_process("embedding", eport, env=eenv, log_path=log_dir / "embedding.log")
+        _ready(emb, 180)
+        procs.append(emb)
+        env["GATEWAY_EMBEDDING_URL"] = f"http://127.0.0.1:{eport}"
     gateway = service_process("gateway", gport, env=env, log_path=log_dir / "gateway.log")
     _ready(gateway, 60)
-    return [gateway, verify], f"http://127.0.0.1:{gport}"
+    return [gateway, *procs], f"http://127.0.0.1:{gport}"
 
 
 def _summarise(run_dir: Path, wall_s: float) -> dict[str, Any]:
@@ -71,8 +87,13 @@ def _summarise(run_dir: Path, wall_s: float) -> dict[str, Any]:
         out["accuracy_before"] = evals[0].get("eval/accuracy")
         out["accuracy_after"] = evals[-1].get("eval/accuracy")
         out["accuracy_gain_points"] = round(
-            100 * (out["accuracy_after"] - out["accuracy_before"]), 1
+            100 * ((out["accuracy_after"] or 0.0) - (out["accuracy_before"] or 0.0)), 1
         )
+        for key in sorted({k for r in evals for k in r if k.startswith("eval/pass@")}) + [
+            "eval/pairwise_distance"
+        ]:  # sampled evaluation (eval_samples): pass@k and the spread within a problem
+            if any(r.get(key) is not None for r in evals):
+                out[key.removeprefix("eval/")] = [(r["step"], r.get(key)) for r in evals]
     if train:
         skip = min(2, len(train) - 1)  # the first steps include graph capture / warm-up
         steady = train[skip:]
@@ -98,6 +119,14 @@ def _summarise(run_dir: Path, wall_s: float) -> dict[str, Any]:
         out["completion_len_first_last"] = [
             train[0].get("completion_len/mean"), train[-1].get("completion_len/mean"),
         ]  # fmt: skip
+        k = min(10, max(1, len(train) // 4))  # means of the first and the last k steps
+        for key in ("tools/episode_frac", "tools/calls_per_episode", "tools/errors",
+                    "turns/mean", "groups/pairwise_distance", "reward/mean"):  # fmt: skip
+            vals = [r[key] for r in train if r.get(key) is not None]
+            if vals:
+                first, last = vals[:k], vals[-k:]
+                out[f"{key}_first_last"] = [round(sum(first) / len(first), 4),
+                                            round(sum(last) / len(last), 4)]  # fmt: skip
     return out
 
 
@@ -134,13 +163,48 @@ def _run_trainer(
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+SMALL_SHAPE = ["--hidden", "64", "--layers", "2", "--heads", "1", "--sft-steps", "20",
+               "--sft-check-every", "0", "--verify-workers", "2"]  # fmt: skip
+SMALL_SETTINGS = {"rollouts_per_step": 16, "group_size": 8, "micro_batch_size": 8,
+                  "max_new_tokens": 12, "eval_problems": 8, "device": "cpu", "cpu_threads": 2}  # fmt: skip
+DIVERSITY_EVAL = {"components": [{"name": "math_accuracy", "weight": 1.0},
+                                  {"name": "diversity", "weight": 0.0}]}  # fmt: skip
+# the tool task: two clumsy calls and the answer need ~80 tokens; a head computation ~50
+TOOL_SETTINGS = {"max_new_tokens": 64, "max_turns": 3, "env": "calculator"}
+
+
+def _args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--work", type=Path, default=Path("/tmp/trainer_learn"))
     p.add_argument(
         "--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/trainer_learn_out"))
     )
     p.add_argument("--corpus", type=Path, default=REPO / ".carry" / "trainer" / "gsm8k")
+    p.add_argument(
+        "--task",
+        choices=["arith", "tool"],
+        default="arith",
+        help="arith: trainer.sft's small sums (the published run); tool: trainer.tooluse's "
+        "products and 4-digit sums, a warm start that calls the calculator in --tool-share of "
+        "its demonstrations, GRPO with env=calculator (env=calculator-off: without the tool)",
+    )
+    p.add_argument("--tool-share", type=float, default=None, help="tool task (default 0.2)")
+    p.add_argument(
+        "--warm-start",
+        type=Path,
+        default=None,
+        help="another run's --work: reuse its data and SFT model (same warm start for runs "
+        "side by side) instead of training one",
+    )
+    p.add_argument("--sft-only", action="store_true", help="stop after the warm start")
+    p.add_argument(
+        "--embedding",
+        default="",
+        help="start the embedding service on this sentence-transformers model ('default': the "
+        "service's own; GPU, float16 when there is one) behind the gateway, for recipes with "
+        "the diversity component; held-out evaluation then also samples 16 per problem "
+        "(pass@k, pairwise distance)",
+    )
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--heads", type=int, default=4)
@@ -165,17 +229,70 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--nproc", type=int, default=1, help="GPUs: >1 runs the trainer under torchrun")
     p.add_argument("--timeout", type=int, default=470, help="kill the GRPO run after this")
     p.add_argument("--tag", default="", help="suffix for the files written to --out")
+    p.add_argument(
+        "--small",
+        action="store_true",
+        default=os.environ.get("BENCH_SMALL") == "1",
+        help="CPU smoke sizes (BENCH_SMALL=1): the smallest model, 20 SFT steps, 16 rollouts "
+        "of 12 tokens a step (the later options and overrides still apply)",
+    )
     p.add_argument("overrides", nargs="*", help="extra trainer settings, key=value")
-    a = p.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    a = p.parse_intermixed_args(raw)  # key=value overrides may come between the options
+    if a.small:  # the small shape first, so that options given explicitly win
+        a = p.parse_intermixed_args(SMALL_SHAPE + raw)
+    return a
+
+
+def _warm_start(a: argparse.Namespace, res: dict[str, Any]) -> tuple[Path, Path]:
+    """(data dir, SFT model dir): trained here, or another run's (``--warm-start``)."""
+    from arbiter.trainer import sft, tooluse
+
+    if a.warm_start is not None:
+        prev = json.loads((a.warm_start / "warm_start.json").read_text())
+        res["sft"] = prev | {"reused_from": str(a.warm_start)}
+        return Path(prev["data"]), Path(prev["model"])
+    t0 = time.perf_counter()
+    if a.task == "tool":
+        share = tooluse.TOOL_SHARE if a.tool_share is None else a.tool_share
+        data = tooluse.write_dataset(a.work / "tool", 20000, 500, tool_share=share)
+        res["tool_share"] = share
+    else:
+        data = sft.write_dataset(a.work / "arith", 20000, 500, slip_rate=a.slip_rate)
+    corpus = a.corpus if a.corpus.exists() else None
+    base = sft.build_base(a.work / "base", corpus, hidden=a.hidden, layers=a.layers,
+                          heads=a.heads, seed=0)  # fmt: skip
+    sft_dir = a.work / "sft"
+    # the local check is single-turn: the tool task's is the trainer's step-0 evaluation
+    check = a.sft_check_every if a.task == "arith" else 0
+    res["sft"] = sft.train_sft(base, data, sft_dir, steps=a.sft_steps, lr=a.sft_lr,
+                               check_every=check)  # fmt: skip
+    res["sft"]["wall_s_with_data_and_tokenizer"] = round(time.perf_counter() - t0, 1)
+    if a.task == "arith":
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dev = "cuda" if torch.cuda.is_available() else "cpu"
+        m: Any = AutoModelForCausalLM.from_pretrained(sft_dir).to(dev)
+        res["sft"]["local_greedy_accuracy_200"] = sft.greedy_accuracy(
+            m, AutoTokenizer.from_pretrained(sft_dir), data, 200
+        )
+        del m
+    res["sft"] |= {"data": str(data), "model": str(sft_dir), "task": a.task}
+    (a.work / "warm_start.json").write_text(json.dumps(res["sft"], default=str))
+    return data, sft_dir
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = _args(argv)
     import arbiter.services.gateway.app
     import arbiter.services.verify.app  # noqa: F401 - fail fast on a missing wheel, before the SFT
-    from arbiter.trainer.sft import build_base, greedy_accuracy, train_sft, write_dataset
 
     a.out.mkdir(parents=True, exist_ok=True)
     if a.work.exists():
         shutil.rmtree(a.work)
     a.work.mkdir(parents=True)
-    res: dict[str, Any] = {"argv": sys.argv[1:]}
+    res: dict[str, Any] = {"argv": sys.argv[1:] if argv is None else argv, "task": a.task}
     sfx = f"_{a.tag}" if a.tag else ""
     res["slip_rate"] = a.slip_rate  # share of misconception demonstrations in the warm start
 
@@ -185,28 +302,13 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     res["card"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    t0 = time.perf_counter()
-    data = write_dataset(a.work / "arith", 20000, 500, slip_rate=a.slip_rate)
-    corpus = a.corpus if a.corpus.exists() else None
-    base = build_base(a.work / "base", corpus, hidden=a.hidden, layers=a.layers, heads=a.heads,
-                      seed=0)  # fmt: skip
-    sft_dir = a.work / "sft"
-    res["sft"] = train_sft(base, data, sft_dir, steps=a.sft_steps, lr=a.sft_lr,
-                           check_every=a.sft_check_every)  # fmt: skip
-    res["sft"]["wall_s_with_data_and_tokenizer"] = round(time.perf_counter() - t0, 1)
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    dev = "cuda" if torch.cuda.is_available() else "cpu"
-    m: Any = AutoModelForCausalLM.from_pretrained(sft_dir)
-    m = m.to(dev)
-    res["sft"]["local_greedy_accuracy_200"] = greedy_accuracy(
-        m, AutoTokenizer.from_pretrained(sft_dir), data, 200
-    )
-    del m
-    print("sft", json.dumps(res["sft"]), flush=True)
+    data, sft_dir = _warm_start(a, res)
+    print("sft", json.dumps(res["sft"], default=str), flush=True)
     dump()
+    if a.sft_only:
+        return
 
-    procs, gateway_url = _services(a.work, a.verify_workers)
+    procs, gateway_url = _services(a.work, a.verify_workers, a.embedding)
     run_dir = a.work / "run"
     settings = {
         "model": str(sft_dir), "data_dir": str(data), "run_dir": str(run_dir),
@@ -217,6 +319,12 @@ def main(argv: list[str] | None = None) -> None:
         "eval_every": 100, "eval_problems": 500, "save_every": 0, "progress": False,
         "reward_concurrency": 32, "pipeline": True,
     }  # fmt: skip
+    if a.task == "tool":
+        settings |= TOOL_SETTINGS
+    if a.embedding:  # pass@k and the spread within a problem's samples, at each evaluation
+        settings |= {"eval_samples": 16, "eval_recipe": DIVERSITY_EVAL}
+    if a.small:
+        settings |= SMALL_SETTINGS | ({"max_new_tokens": 24} if a.task == "tool" else {})
     res["trainer_settings"] = settings | {"overrides": a.overrides}
     try:
         res["grpo"] = _run_trainer(a, settings, a.overrides, "learn" + sfx, a.timeout)
@@ -228,9 +336,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         for proc in procs:
             proc.stop()
-        for name in ("verify", "gateway"):
-            text = (a.work / f"{name}.log").read_text(errors="replace")
-            res[f"{name}_log_tail"] = text[-1500:]
+        for proc in procs:
+            text = (a.work / f"{proc.name}.log").read_text(errors="replace")
+            res[f"{proc.name}_log_tail"] = text[-1500:]
     dump()
     print(json.dumps({k: v for k, v in res.items() if k != "trainer_settings"}, indent=1,
                      default=str))  # fmt: skip
