@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -83,6 +84,7 @@ def test_a_sandbox_killed_from_outside_is_null_sandbox_error(log_dir: Path, comp
     proc, url = start_service("sandbox", log_dir, ENV)
     try:
         assert proc.proc is not None
+        body: dict[str, Any]
         if component == "code_tests":
             body = {
                 "groups": [
