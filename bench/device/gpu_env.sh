@@ -8,7 +8,9 @@ if [ "${SMALL:-0}" != 1 ]; then
   site_install() {
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$@"
   }
-  site_install "$WHL"/*.whl || { echo "wheel install failed"; exit 1; }
+  # every carried wheel but setuptools, which only builds the checkout (below): installed, it
+  # would shadow the machine's own for torch and the rest
+  site_install $(ls "$WHL"/*.whl | grep -v '/setuptools-') || { echo "wheel install failed"; exit 1; }
   # The checkout as the package `arbiter` (setup.py maps services/, trainer/, proto/ into it),
   # built in pip's isolated build environment from the carried setuptools wheel.
   site_install --find-links "$WHL" . || { echo "installing the checkout failed"; exit 1; }
