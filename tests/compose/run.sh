@@ -5,7 +5,11 @@
 #                  here if none runs
 #   2. images      make images (docker/images.sh): no registry needed
 #   3. up          `docker compose up --wait` with no .env and no flags
-#   4. score       a GSM8K group with gsm8k and gsm8k-diverse through the gateway
+#   4. score       a GSM8K group with gsm8k and gsm8k-diverse through the gateway; the code
+#                  recipe into the sandbox container: HumanEval, assert and stdin/stdout groups
+#                  (right 1.0, wrong 0.0) and hostile programs (sockets to Redis and the
+#                  gateway, other processes' environment, the service's files, an infinite
+#                  loop: 0.0 each), the stack healthy after them
 #   5. monitoring  Prometheus (profile monitoring) scraping the stack from here on
 #   6. restart     `docker compose restart verify` while a client keeps scoring
 #   7. auth        the one setting of a shared deployment (GATEWAY_KEYS_FILE): refused with a
@@ -15,7 +19,7 @@
 #                  folder (python -m arbiter.tiny_model); then its server gone (connections
 #                  refused) (COMPOSE_TEST_JUDGE=0 skips this phase)
 #   9. events      a compat call and a verify worker stuck past its deadline, with Redis
-#                  paused: the counters of the dashboard's fault panels
+#                  paused; a sandbox killed mid-job: the counters of the dashboard's fault panels
 #  10. checks      only the gateway published (on 127.0.0.1); every query of the Grafana
 #                  dashboard returns data from Prometheus
 #  11. down        docker compose down -v; the engine stopped if this script started it
@@ -106,6 +110,7 @@ grep -q "AUTH IS OFF" <<<"$gateway_log" || { echo "no auth-off banner in the gat
 
 phase score
 "$PY" tests/compose/check.py score "$URL" "$DATA/gsm8k"
+"$PY" tests/compose/check_sandbox.py score "$URL"
 
 phase monitoring
 compose --profile monitoring up --detach --wait --wait-timeout 120 prometheus
@@ -162,6 +167,8 @@ VERIFY_DEADLINE_S=2 VERIFY_MATH_VERIFY_TIMEOUT_S=30 compose up --detach --wait v
 compose pause redis
 "$PY" tests/compose/check.py events "$URL"
 compose unpause redis
+"$PY" tests/compose/check_sandbox.py kill "$URL" -- docker compose --env-file "$STATE/empty.env" \
+  exec -T sandbox python -c "$("$PY" tests/compose/check_sandbox.py kill-script)"
 
 phase checks
 "$PY" tests/compose/check.py published "$COMPOSE_PROJECT_NAME"

@@ -42,6 +42,9 @@ HEADER = """\
 # one (vLLM's CPU build): uncomment COMPOSE_PROFILES below (or pass --profile gpu) AND set
 # GATEWAY_JUDGE_URL=http://judge:8003 in the gateway section; without them the gateway's
 # /readyz says `judge: not configured`.
+# The sandbox (recipes code, code-all) needs a host kernel that allows user namespaces; where
+# it does not, run `docker compose up --scale sandbox=0` with GATEWAY_SANDBOX_URL= (empty)
+# in the gateway section: code recipes are then refused, nothing else changes.
 # Profiles to start besides the CPU services: gpu or cpu (vllm + judge), judge (the judge
 # alone, JUDGE_BASE_URL), monitoring (Prometheus, Grafana), train (trainer).
 # COMPOSE_PROFILES=gpu

@@ -35,7 +35,7 @@ from tests.deploy.deployfiles import (
 from tests.deploy.env_example import KEYS_FILE_IN_COMPOSE
 from tests.deploy.tools import run, tool
 
-CPU_SERVICES = {"redis", "verify", "embedding", "gateway"}
+CPU_SERVICES = {"redis", "verify", "embedding", "gateway", "sandbox"}
 PROFILES = {
     "gpu": {"vllm", "judge"},
     "cpu": {"vllm-cpu", "judge"},  # the judge's model on vLLM's CPU build
