@@ -1,29 +1,29 @@
 """The bubblewrap sandboxes, started ahead of need.
 
-One sandbox runs one job and exits: ``bwrap`` puts the harness (``harness.py``) in new
-user, PID, network, IPC, UTS and cgroup namespaces, with a read-only view of the
-interpreter (``/usr``, the ``/lib*`` links, the interpreter's own prefix when it lives
-elsewhere, its site-packages hidden under empty tmpfs), a fresh ``/tmp`` tmpfs of
-``SANDBOX_TMP_MB`` (the only writable place: ``/`` and ``/dev`` are remounted
-read-only), a minimal ``/dev`` and a ``/proc`` of its own PID namespace; no
-environment (``--clearenv``), no network at all (a new network namespace has only a
-``lo`` that is down), no new user namespaces inside, a new session (no terminal to push
-input into), and ``--die-with-parent``. Run as root, the service starts it as
-``SANDBOX_UID`` (nobody): the kernel enforces ``RLIMIT_NPROC`` only on a user other than
-root, and the count is per user namespace, so each sandbox has its own.
+One sandbox runs one job and exits: ``bwrap`` puts the harness (``harness.py`` and
+``runners.py``) in new user, PID, network, IPC, UTS and cgroup namespaces, with a
+read-only view of the interpreter (``/usr``, the ``/lib*`` links, the interpreter's own
+prefix when it lives elsewhere, its site-packages hidden under empty tmpfs), a fresh
+``/tmp`` tmpfs of ``SANDBOX_TMP_MB`` (the only writable place: ``/`` and ``/dev`` are
+remounted read-only), a minimal ``/dev`` and a ``/proc`` of its own PID namespace; no
+environment (``--clearenv``), no network (a new network namespace: only its own
+loopback), no new user namespaces inside, a new session (no terminal to push input into),
+``--die-with-parent``, and the seccomp filter of ``seccomp.py``. Run as root, the service
+starts it as ``SANDBOX_UID`` (nobody): the kernel enforces ``RLIMIT_NPROC`` only on a user
+other than root, and the count is per user namespace, so each sandbox has its own.
 
-Starting one costs ~10 ms (bwrap ~4 ms, the interpreter ~6 ms); ``Pool`` keeps
+Starting one costs ~10 ms of CPU (bwrap ~4 ms, the interpreter ~6 ms); ``Pool`` keeps
 ``workers + spare`` of them started, each waiting on its stdin, and replaces each one
-taken in the background, so a job pays none of it. A job writes the JSON job to the
+taken in the background, so a job pays none of it. A job writes the job (marshal) to the
 harness's stdin and reads one JSON line back; past its deadline (the harness keeps its
 own; this is the backstop) the process group is killed, which takes the namespace.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
-import errno
 import json
 import logging
 import marshal
@@ -31,7 +31,6 @@ import os
 import platform
 import shutil
 import signal
-import struct
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from arbiter.services.common.throttle import ThrottledLog
+from arbiter.services.sandbox.seccomp import seccomp_filter
 from arbiter.services.sandbox.settings import SandboxSettings
 
 log = logging.getLogger("arbiter.sandbox")
@@ -50,7 +50,24 @@ SANDBOX_FAILURES = Counter(
 )
 SANDBOXES_IDLE = Gauge("sandbox_idle", "Sandboxes started and waiting for a job.")
 
-HARNESS = (Path(__file__).parent / "harness.py").read_text()
+
+def _one_program() -> str:
+    """``harness.py`` then ``runners.py`` as one source: the runners' ``__future__`` import
+    and their import of the harness (for tools and tests) dropped, the rest as written."""
+    here = Path(__file__).parent
+    runners = (here / "runners.py").read_text()
+    lines = runners.split("\n")
+    for node in ast.parse(runners).body:
+        if isinstance(node, ast.ImportFrom) and node.module in (
+            "__future__",
+            __package__ + ".harness",
+        ):
+            end = node.end_lineno or node.lineno
+            lines[node.lineno - 1 : end] = [""] * (end - node.lineno + 1)
+    return (here / "harness.py").read_text() + "\n" + "\n".join(lines)
+
+
+HARNESS = _one_program()
 # What the interpreter runs: the harness's code object, compiled once at start-up by the same
 # interpreter (compiling its source took ~6 ms of every sandbox's start), read from stdin as
 # a length line and the marshalled code; the job follows on the same stdin.
@@ -136,54 +153,6 @@ def compiled_harness(python: str) -> bytes:
         timeout=30,
     ).stdout
     return b"%d\n" % len(code) + code
-
-
-# A seccomp filter (classic BPF, as bwrap --seccomp reads it) that refuses, with EPERM, the
-# system calls that reach into other processes (ptrace, process_vm_*) or expose the kernel's
-# riskier surfaces (keyrings, bpf, perf events, userfaultfd, io_uring), and kills a process
-# that calls through another ABI (x32, i386). Numbers per architecture.
-SECCOMP_DENY = {
-    # machine: (AUDIT_ARCH_*, {syscall: number})
-    "x86_64": (
-        0xC000003E,
-        {
-            "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
-            "add_key": 248, "request_key": 249, "keyctl": 250, "bpf": 321,
-            "perf_event_open": 298, "userfaultfd": 323, "io_uring_setup": 425,
-            "io_uring_enter": 426, "io_uring_register": 427,
-        },
-    ),
-    "aarch64": (
-        0xC00000B7,
-        {
-            "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
-            "add_key": 217, "request_key": 218, "keyctl": 219, "bpf": 280,
-            "perf_event_open": 241, "userfaultfd": 282, "io_uring_setup": 425,
-            "io_uring_enter": 426, "io_uring_register": 427,
-        },
-    ),
-}  # fmt: skip
-
-
-def seccomp_filter(machine: str | None = None) -> bytes | None:
-    """The filter's instructions (``struct sock_filter``), or None on an architecture
-    without a table here (the sandbox then runs without one; the log says so)."""
-    found = SECCOMP_DENY.get(machine or platform.machine())
-    if found is None:
-        return None
-    audit_arch, numbers = found
-
-    def op(code: int, jt: int, jf: int, k: int) -> bytes:
-        return struct.pack("<HBBI", code, jt, jf, k)
-
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, RET|K
-    allow, kill, eperm = 0x7FFF0000, 0x80000000, 0x00050000 | errno.EPERM
-    out = [op(ld, 0, 0, 4), op(jeq, 1, 0, audit_arch), op(ret, 0, 0, kill), op(ld, 0, 0, 0)]
-    if audit_arch == 0xC000003E:  # x32 system calls on x86_64: bit 30 of the number
-        out += [op(jge, 0, 1, 0x40000000), op(ret, 0, 0, kill)]
-    for number in sorted(numbers.values()):
-        out += [op(jeq, 0, 1, number), op(ret, 0, 0, eperm)]
-    return b"".join([*out, op(ret, 0, 0, allow)])
 
 
 def setpriv(settings: SandboxSettings) -> list[str]:

@@ -1,0 +1,305 @@
+"""The sandbox's three kinds of job, run by the harness (``harness.py``) as PID 1.
+
+The sandbox gets this file appended to ``harness.py`` as one program (``jail.py`` drops
+the import of the harness below, which is only for tools and tests); it runs with the
+same few standard-library modules.
+
+- ``tests``: ``program`` then ``tests`` (Python prepared by the service: each test wrapped
+  in ``__arbiter_begin__/__arbiter_pass__/__arbiter_fail__`` calls) run in one child; each
+  test's outcome comes back on a pipe, tagged with a per-child nonce. A test past
+  ``timeout_s`` kills the child and the run goes on in a new child from the next test.
+- ``stdio``: one child per test, the test's input as stdin; stdout compared.
+- ``grader``: one child runs ``source`` and ``grade(sample, item)``; the result comes back
+  on the pipe and must be a finite number.
+"""
+
+from __future__ import annotations
+
+import marshal
+import os
+import resource
+import sys
+import time
+
+from arbiter.services.sandbox.harness import (  # one program in the sandbox: dropped there
+    CODE_NAME,
+    Budget,
+    Run,
+    cut,
+    dump,
+    no_dump,
+    nonce,
+    signal,
+    sweep,
+)
+
+# ------------------------------------------------------------------ tests (in process)
+
+
+def tests_child(program, tests, start, stop_on_fail, nonce):
+    """Child: the program, then the prepared tests from ``start``; each outcome a line
+    ``nonce kind index reason`` on fd 3."""
+    write = os.write
+
+    def say(kind, index, reason=""):
+        line = f"{nonce} {kind} {index} {cut(reason)}\n".encode("utf-8", "replace")
+        write(3, line)
+
+    failed = [False]
+
+    def begin(index):
+        if index < start or (stop_on_fail and failed[0]):
+            return False
+        say("S", index)
+        return True
+
+    def passed(index):
+        say("P", index)
+
+    def fail(index, exc):
+        failed[0] = True
+        if isinstance(exc, AssertionError):
+            reason = "assertion failed" + (f": {exc}" if str(exc) else "")
+        else:
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        say("F", index, reason)
+
+    hooks = {"__arbiter_begin__": begin, "__arbiter_pass__": passed, "__arbiter_fail__": fail}
+    scope = {"__name__": CODE_NAME, "__builtins__": __builtins__}
+    try:
+        code = compile(program, "<program>", "exec")
+    except (SyntaxError, ValueError) as exc:
+        say("L", -1, f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
+        return
+    try:
+        exec(code, scope)
+    except BaseException as exc:
+        say("L", -1, f"the program raised {type(exc).__name__}: {exc}")
+        return
+    scope.update(hooks)
+    try:
+        exec(compile(tests, "<tests>", "exec"), scope)
+    except BaseException as exc:
+        say("X", -1, f"the tests stopped: {type(exc).__name__}: {exc}")
+        return
+    say("E", -1)
+
+
+class TestsRun(Run):
+    def __init__(self, budget, job, start, nonce):
+        self.nonce = nonce
+        args = (job["program"], job["tests"], start, job["stop_on_fail"], nonce)
+        super().__init__(budget, "/dev/null", tests_child, args)
+        self.pos = 0  # parsed up to here in buf["res"]
+
+    def frames(self):
+        """New result lines as (kind, index, reason); lines without the nonce are ignored."""
+        data = self.buf["res"]
+        out: list[tuple[str, int, str]] = []
+        while True:
+            end = data.find(b"\n", self.pos)
+            if end < 0:
+                return out
+            line = bytes(data[self.pos : end]).decode("utf-8", "replace")
+            self.pos = end + 1
+            parts = line.split(" ", 3)
+            if len(parts) >= 3 and parts[0] == self.nonce:
+                try:
+                    out.append((parts[1], int(parts[2]), parts[3] if len(parts) > 3 else ""))
+                except ValueError:
+                    continue
+
+
+def run_tests(job, budget):
+    """Every test's (passed, reason). A child runs the program and the tests from ``start``;
+    a test that overruns or kills its child fails, and a new child goes on after it."""
+    n, per_test = job["n_tests"], job["timeout_s"]
+    results: list[tuple[bool, str] | None] = [None] * n
+    start = 0
+    while start < n:
+        run = TestsRun(budget, job, start, nonce())
+        current, progressed, stopped, clean = None, False, None, False
+        clock = time.monotonic()  # when the running test (or the program's load) began
+        while run.status is None and run.over is None and not clean:
+            until = min(budget.deadline, clock + per_test)
+            if time.monotonic() >= until:
+                break
+            run.step(until)
+            for kind, index, reason in run.frames():
+                if kind == "S" and 0 <= index < n:
+                    current, progressed, clock = index, True, time.monotonic()
+                elif kind in ("P", "F") and 0 <= index < n and results[index] is None:
+                    results[index] = (kind == "P", "" if kind == "P" else reason or "failed")
+                    current, clock = None, time.monotonic()
+                elif kind in ("L", "X"):
+                    stopped = reason
+                elif kind == "E":
+                    clean = True
+        out_of_time = time.monotonic() >= budget.deadline
+        overran = run.status is None and run.over is None and not clean  # we stop it
+        run.finish()
+        why = run.death()
+        if current is not None and results[current] is None:
+            if run.over:
+                results[current] = (False, run.over)
+            elif overran:
+                results[current] = (False, f"timeout ({per_test:g}s)")
+            else:
+                results[current] = (
+                    False,
+                    f"the program {why} during the test" + _colon(run.stderr_tail()),
+                )
+        rest = [i for i in range(start, n) if results[i] is None]
+        if not rest:
+            break
+        if stopped or clean or run.over or out_of_time or not progressed:
+            if stopped:
+                reason = stopped
+            elif clean:
+                reason = (
+                    "not run: an earlier test failed"
+                    if job["stop_on_fail"]
+                    else "not reached by the tests"
+                )
+            elif run.over:
+                reason = run.over
+            elif out_of_time:
+                reason = "not run: out of time"
+            elif overran:
+                reason = f"timeout ({per_test:g}s) before the tests ran"
+            else:
+                reason = f"the program {why} before the tests ran" + _colon(run.stderr_tail())
+            for i in rest:
+                results[i] = (False, reason)
+            break
+        if job["stop_on_fail"] and any(r is not None and not r[0] for r in results):
+            for i in rest:
+                results[i] = (False, "not run: an earlier test failed")
+            break
+        start = rest[0]
+    return {"results": results}
+
+
+def _colon(text):
+    return f": {text}" if text else ""
+
+
+# ------------------------------------------------------------------ stdin/stdout
+
+
+def stdio_child(program):
+    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    exec(compile(program, "<program>", "exec"), scope)
+
+
+def same_output(got, want):
+    """Equal up to trailing whitespace on each line and trailing blank lines."""
+    a = [line.rstrip() for line in got.strip("\n").splitlines()]
+    b = [line.rstrip() for line in want.strip("\n").splitlines()]
+    while a and not a[-1]:
+        a.pop()
+    while b and not b[-1]:
+        b.pop()
+    return a == b
+
+
+def run_stdio(job, budget):
+    results: list[tuple[bool, str]] = []
+    for i, case in enumerate(job["cases"]):
+        if budget.left() <= 0 or budget.output_left < 0:
+            reason = "output limit" if budget.output_left < 0 else "not run: out of time"
+            results.extend((False, reason) for _ in job["cases"][i:])
+            break
+        path = f"/tmp/.stdin-{nonce()}"  # a name no earlier test could plant
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with open(fd, "wb") as f:
+            f.write(case["input"].encode("utf-8", "replace"))
+        run = Run(budget, path, stdio_child, (job["program"],))
+        os.unlink(path)
+        timed_out = not run.pump(min(budget.deadline, time.monotonic() + job["timeout_s"]))
+        run.finish()
+        if run.over:
+            results.append((False, run.over))
+        elif timed_out:
+            results.append((False, f"timeout ({job['timeout_s']:g}s)"))
+        elif run.status != 0:
+            results.append((False, f"the program {run.death()}" + _colon(run.stderr_tail())))
+        else:
+            got = bytes(run.buf["out"]).decode("utf-8", "replace")
+            ok = same_output(got, case["output"])
+            results.append((ok, "" if ok else "wrong output"))
+        if job["stop_on_fail"] and not results[-1][0]:
+            results.extend(
+                (False, "not run: an earlier test failed") for _ in job["cases"][i + 1 :]
+            )
+            break
+    return {"results": results}
+
+
+# ------------------------------------------------------------------ grader
+
+
+def grader_child(source, sample, item, nonce):
+    write = os.write
+    scope: dict = {"__name__": "__grader__", "__builtins__": __builtins__}
+    try:
+        exec(compile(source, "<grader>", "exec"), scope)
+        value = scope["grade"](sample, item)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"grade returned {type(value).__name__}, not a number")
+        line = f"{nonce} score {float(value)!r}"
+    except BaseException as exc:
+        line = f"{nonce} error {type(exc).__name__}: {cut(exc)}"
+    write(3, line.encode("utf-8", "replace") + b"\n")
+
+
+def run_grader(job, budget):
+    tag = nonce()
+    sample = {"output_text": job["response"]}
+    run = Run(budget, "/dev/null", grader_child, (job["source"], sample, job["item"], tag))
+    timed_out = not run.pump(min(budget.deadline, time.monotonic() + job["timeout_s"]))
+    run.finish()
+    if run.over:
+        return {"error": run.over}
+    if timed_out:
+        return {"error": f"timeout ({job['timeout_s']:g}s)"}
+    line = bytes(run.buf["res"]).split(b"\n", 1)[0].decode("utf-8", "replace")
+    parts = line.split(" ", 2)  # "<nonce> score <repr>" or "<nonce> error <text>"
+    if len(parts) != 3 or parts[0] != tag or parts[1] not in ("score", "error"):
+        return {
+            "error": f"grade gave no result (the grader {run.death()})" + _colon(run.stderr_tail())
+        }
+    if parts[1] == "error":
+        return {"error": f"grade raised {parts[2]}"}
+    try:
+        score = float(parts[2])
+    except ValueError:
+        score = float("nan")
+    if score != score or score in (float("inf"), float("-inf")):
+        return {"error": f"grade returned {parts[2]}, not a finite number"}
+    return {"score": score}
+
+
+# ------------------------------------------------------------------ main
+
+KINDS = {"tests": run_tests, "stdio": run_stdio, "grader": run_grader}
+
+
+def main():
+    no_dump()
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    out = sys.stdout.buffer
+    out.write(b'{"ready": true}\n')
+    out.flush()
+    job = marshal.loads(sys.stdin.buffer.read())  # the service's own bytes
+    budget = Budget(job)
+    answer = KINDS[job["kind"]](job, budget)
+    sweep()
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    answer["cpu_s"] = usage.ru_utime + usage.ru_stime
+    out.write(dump(answer).encode("utf-8", "replace") + b"\n")
+    out.flush()
+
+
+if __name__ == "__main__":  # run by the boot line (jail.BOOT), not imported
+    main()
