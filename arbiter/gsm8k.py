@@ -38,6 +38,11 @@ def missing(path: Path, flag: str = "") -> str:
         where = "beside this checkout"
     else:  # installed from a wheel
         where = "from the current directory (installed from a wheel, no checkout to look beside)"
+    if os.environ.get(ENV) and Path(os.environ[ENV]) == Path(path):
+        return (
+            f"GSM8K not found at {path} (no test.jsonl): {ENV} must name the folder with "
+            f"train.jsonl and test.jsonl"
+        )
     return (
         f"GSM8K not found at {path} (no test.jsonl): set {ENV} to the folder with "
         f"train.jsonl and test.jsonl{given}; the default is {BESIDE} {where}"
