@@ -357,3 +357,32 @@ def test_build_arguments_default_to_the_dockerfiles(compose: dict[str, Any]) -> 
             assert substitute_default(value) == m.group(1), (name, arg, value, m.group(1))
             seen += 1
     assert seen >= 5
+
+
+def test_the_sandbox_gets_only_the_privileges_bwrap_needs(compose: dict[str, Any]) -> None:
+    # Measured with Docker 20.10 (docs/deploy/compose.md): bubblewrap needs no capability,
+    # but user namespaces (seccomp), a /proc of its own (systempaths) and, on AppArmor
+    # hosts, mounts (apparmor). Nothing else is lifted, and only for the sandbox.
+    services = compose["services"]
+    sandbox = services["sandbox"]
+    assert sandbox["cap_drop"] == ["ALL"] and "cap_add" not in sandbox
+    assert not sandbox.get("privileged") and sandbox["read_only"] is True
+    assert sorted(sandbox["security_opt"]) == [
+        "apparmor=unconfined",
+        "no-new-privileges:true",
+        "seccomp=unconfined",
+        "systempaths=unconfined",
+    ]
+    for name, svc in services.items():
+        if name != "sandbox":
+            lifted = [o for o in svc.get("security_opt", []) if "unconfined" in o]
+            assert not lifted, f"{name}: {lifted}"
+    # its own internal network (no route out), joined by the gateway and Prometheus only;
+    # no port on the host
+    assert sandbox["networks"] == ["sandbox"] and "ports" not in sandbox
+    assert compose["networks"]["sandbox"] == {"internal": True}
+    joined = {n for n, s in services.items() if "sandbox" in (s.get("networks") or [])}
+    assert joined == {"sandbox", "gateway", "prometheus"}, joined
+    # the gateway scores the code recipes on a fresh `docker compose up`
+    url = compose_env(services["gateway"])["GATEWAY_SANDBOX_URL"] or ""
+    assert substitute_default(url) == f"http://sandbox:{PORTS['sandbox']}"
