@@ -102,8 +102,9 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# mypy names the mapped folders' files by their typecheck-view paths: print the real ones
 typecheck: setup
-	$(VENV)/bin/mypy
+	set -o pipefail; $(VENV)/bin/mypy | sed 's#^$(TYPECHECK_VIEW)/##'
 
 unit: setup vllm kubectl mermaid
 	ARBITER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest
