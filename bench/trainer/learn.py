@@ -89,9 +89,9 @@ def _summarise(run_dir: Path, wall_s: float) -> dict[str, Any]:
         out["accuracy_gain_points"] = round(
             100 * ((out["accuracy_after"] or 0.0) - (out["accuracy_before"] or 0.0)), 1
         )
-        for key in sorted({k for r in evals for k in r if k.startswith("eval/pass@")}) + [
-            "eval/pairwise_distance"
-        ]:  # sampled evaluation (eval_samples): pass@k and the spread within a problem
+        pass_at = sorted({k for r in evals for k in r if k.startswith("eval/pass@")})
+        for key in [*pass_at, "eval/pairwise_distance"]:
+            # sampled evaluation (eval_samples): pass@k and the spread within a problem
             if any(r.get(key) is not None for r in evals):
                 out[key.removeprefix("eval/")] = [(r["step"], r.get(key)) for r in evals]
     if train:
@@ -166,7 +166,8 @@ def _run_trainer(
 SMALL_SHAPE = ["--hidden", "64", "--layers", "2", "--heads", "1", "--sft-steps", "20",
                "--sft-check-every", "0", "--verify-workers", "2"]  # fmt: skip
 SMALL_SETTINGS = {"rollouts_per_step": 16, "group_size": 8, "micro_batch_size": 8,
-                  "max_new_tokens": 12, "eval_problems": 8, "device": "cpu", "cpu_threads": 2}  # fmt: skip
+                  "max_new_tokens": 12, "eval_problems": 8, "device": "cpu",
+                  "cpu_threads": 2}  # fmt: skip
 DIVERSITY_EVAL = {"components": [{"name": "math_accuracy", "weight": 1.0},
                                   {"name": "diversity", "weight": 0.0}]}  # fmt: skip
 # the tool task: two clumsy calls and the answer need ~80 tokens; a head computation ~50
@@ -273,7 +274,8 @@ def _warm_start(a: argparse.Namespace, res: dict[str, Any]) -> tuple[Path, Path]
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         dev = "cuda" if torch.cuda.is_available() else "cpu"
-        m: Any = AutoModelForCausalLM.from_pretrained(sft_dir).to(dev)
+        m: Any = AutoModelForCausalLM.from_pretrained(sft_dir)
+        m = m.to(dev)
         res["sft"]["local_greedy_accuracy_200"] = sft.greedy_accuracy(
             m, AutoTokenizer.from_pretrained(sft_dir), data, 200
         )
