@@ -133,12 +133,13 @@ class CalculatorEnv:
 
 class CalculatorOffEnv(CalculatorEnv):
     """The calculator's prompt with no calculator behind it: one turn, nothing answers a
-    ``<calc>`` (the single-turn baseline for tool use, on the same prompts)."""
+    ``<calc>`` (the single-turn baseline for tool use, on the same prompts); a call written
+    is still counted (``tool_call``), unanswered."""
 
     stop_strings: tuple[str, ...] = ()
 
     def step(self, action: str, *, eos: bool) -> Step:
-        return Step(observation="", done=True)
+        return Step(observation="", done=True, tool_call=bool(self._CALC.search(action)))
 
 
 ENVIRONMENTS: dict[str, type[CalculatorEnv]] = {

@@ -10,7 +10,9 @@
 # start of its task. Everything lands in $OUT/tools.tgz (with each run's JSON summary beside).
 #   carry [".carry/trainer", ".carry/embedding/minilm-fp16"]
 # SMALL=1 (PY=.venv/bin/python) runs the same on a CPU at the smallest sizes, a few steps.
-# RUNS: which runs (default all); T: seconds of GRPO each; W: the second diversity weight.
+# RUNS: which runs (default all); T: seconds of GRPO each; W_DIV: the second diversity weight;
+# DIV_EXTRA: trainer settings added to the three diversity runs (e.g. scale_rewards=false);
+# tool-fast: the tool run at lr 1e-4.
 source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OUT=${OUT:-/tmp/tools_out}
 PY=${PY:-python3}
@@ -30,12 +32,13 @@ $L --sft-only --work $W/ws-arith --tag ws-arith > $O/ws-arith.log 2>&1 &
 wait
 G="--steps $STEPS --timeout $T eval_every=$EVERY"
 TOOL="$L --task tool --warm-start $W/ws-tool $G"
-DIV="$L --warm-start $W/ws-arith --embedding $EMB $G beta=0"
+DIV="$L --warm-start $W/ws-arith --embedding $EMB $G beta=0 ${DIV_EXTRA:-}"
 recipe_w='{"components":[{"name":"math_accuracy","weight":1.0},{"name":"format","weight":0.5},{"name":"diversity","weight":'$WEIGHT'}]}'
 for r in $RUNS; do
   case $r in
     tool) $TOOL --work $W/tool --tag tool env=calculator ;;
     notool) $TOOL --work $W/notool --tag notool env=calculator-off ;;
+    tool-fast) $TOOL --work $W/tool-fast --tag tool-fast env=calculator lr=1e-4 ;;
     gsm8k) $DIV --work $W/gsm8k --tag gsm8k recipe=gsm8k ;;
     diverse) $DIV --work $W/diverse --tag diverse recipe=gsm8k-diverse ;;
     diverse-w) $DIV --work $W/diverse-w --tag diverse-w "recipe=$recipe_w" ;;
