@@ -10,8 +10,9 @@ the namespace. This file is the plumbing: children, their pipes and limits, the 
 Why PID 1: signals from inside the namespace that it has no handler for never reach it
 (a program cannot kill its runner), ``kill(-1, SIGKILL)`` from it kills every other
 process of the namespace (a fork bomb's leftovers, after each child), and its death
-takes the whole namespace with it. It is not dumpable: children cannot ptrace it or read
-its memory or fds through /proc.
+takes the whole namespace with it. Its children cannot reach into it: the seccomp filter
+refuses ptrace, process_vm_* and pidfd_getfd, and the sandbox has no /proc (without a
+filter, the job says ``no_dump`` and it makes itself undumpable instead).
 """
 
 from __future__ import annotations

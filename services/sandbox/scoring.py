@@ -105,6 +105,7 @@ class Runner:
             "output_limit": s.output_limit_bytes,
             "timeout_s": min(timeout_s, s.test_timeout_s),
             "limits": self.limits(timeout_s),
+            "no_dump": self.pool.seccomp is None,
             **job,
         }
 
@@ -183,10 +184,7 @@ class Runner:
         start = time.perf_counter()
         try:
             box = await self.pool.take()
-            try:
-                return await box.run(job, self.settings.item_timeout_s + SLACK_S)
-            finally:
-                box.kill()
+            return await box.run(job, self.settings.item_timeout_s + SLACK_S)
         except SandboxFailure as exc:
             return Outcome(None, "sandbox_error", str(exc))
         finally:

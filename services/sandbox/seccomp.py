@@ -2,7 +2,8 @@
 
 Namespaces hide the host from a program but leave it the whole system-call interface of
 the host's kernel. The filter refuses, with EPERM, the calls that reach into other
-processes (``ptrace``, ``process_vm_readv``/``writev``) and those that expose the kernel's
+processes (``ptrace``, ``process_vm_readv``/``writev``, ``pidfd_getfd``: a program could
+take its runner's pipe to the service) and those that expose the kernel's
 riskier surfaces (keyrings, ``bpf``, perf events, ``userfaultfd``, ``io_uring``), and kills
 a process that calls through another ABI (x32, i386), where the numbers below would not
 hold. Everything else is allowed: an interpreter and its programs need the rest.
@@ -26,7 +27,7 @@ SECCOMP_DENY = {
             "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311,
             "add_key": 248, "request_key": 249, "keyctl": 250, "bpf": 321,
             "perf_event_open": 298, "userfaultfd": 323, "io_uring_setup": 425,
-            "io_uring_enter": 426, "io_uring_register": 427,
+            "io_uring_enter": 426, "io_uring_register": 427, "pidfd_getfd": 438,
         },
     ),
     "aarch64": (
@@ -35,7 +36,7 @@ SECCOMP_DENY = {
             "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271,
             "add_key": 217, "request_key": 218, "keyctl": 219, "bpf": 280,
             "perf_event_open": 241, "userfaultfd": 282, "io_uring_setup": 425,
-            "io_uring_enter": 426, "io_uring_register": 427,
+            "io_uring_enter": 426, "io_uring_register": 427, "pidfd_getfd": 438,
         },
     ),
 }  # fmt: skip

@@ -89,6 +89,18 @@ CORPUS: list[tuple[str, str, str, float, dict[str, str]]] = [
         1.0,
         {},
     ),
+    # takes a copy of its runner's stdout (the pipe to the service) to forge the answer:
+    # pidfd_open works, pidfd_getfd is refused
+    (
+        "pidfd_getfd of the runner's pipe",
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "def f():\n    pidfd = libc.syscall(434, 1, 0)\n"
+        "    got = libc.syscall(438, pidfd, 1, 0)\n"
+        "    return int(pidfd >= 0 and got == -1 and ctypes.get_errno() == 1)\n" + ONE,
+        TWO_TESTS,
+        1.0,
+        {},
+    ),
     # signals to its parent, PID 1 and every process: the runner lives on, both reported
     (
         "signals to the parent",
@@ -228,17 +240,9 @@ SECRET = {sandbox.secret!r}
 def leaks():
     found = [k for k, v in os.environ.items() if SECRET in v or k.startswith(("GATEWAY", "SAND"))]
     paths = ({str(sandbox.secret_file)!r}, {str(REPO / "pyproject.toml")!r}, '/root', '/etc/passwd')
-    for path in paths + ('/home', '/work'):
+    for path in paths + ('/home', '/work', '/proc'):  # no /proc: no one's environ to read
         if os.path.exists(path):
             found.append(path)
-    for pid in os.listdir('/proc'):
-        for name in ('environ', 'cmdline'):
-            try:
-                with open(f'/proc/{{pid}}/{{name}}', 'rb') as fh:
-                    if SECRET.encode() in fh.read():
-                        found.append((pid, name))
-            except OSError:
-                pass
     import importlib.util, site
     for name in ('arbiter', 'fastapi', 'pydantic'):  # the service's code and packages
         if importlib.util.find_spec(name) is not None:
