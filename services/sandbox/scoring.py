@@ -85,9 +85,10 @@ class Runner:
 
     def ready(self) -> dict[str, str]:
         error = self.pool.last_error
-        return {"sandbox": f"degraded: {error}" if error else "ok"}
+        # the last start failed (none since succeeded): not ready to run programs
+        return {"sandbox": f"sandboxes fail to start: {error}" if error else "ok"}
 
-    def limits(self, timeout_s: float) -> dict[str, Any]:
+    def limits(self) -> dict[str, Any]:
         s = self.settings
         return {
             "memory_mb": s.memory_mb,
@@ -104,7 +105,7 @@ class Runner:
             "item_timeout_s": s.item_timeout_s,
             "output_limit": s.output_limit_bytes,
             "timeout_s": min(timeout_s, s.test_timeout_s),
-            "limits": self.limits(timeout_s),
+            "limits": self.limits(),
             "no_dump": self.pool.seccomp is None,
             **job,
         }
