@@ -221,7 +221,8 @@ def limits_table() -> str:
     embedding = importlib.import_module("arbiter.proto.embedding")
     components = gateway.Recipe.model_fields["components"].metadata
     max_components = next(m.max_length for m in components if hasattr(m, "max_length"))
-    per_service = " / ".join(("gateway", "verify", "embedding", "judge"))
+    per_service = " / ".join(("gateway", "verify", "embedding", "judge", "sandbox"))
+    sandbox = importlib.import_module("arbiter.proto.sandbox")
     body = "<br>".join(_setting(s, "max_body_bytes") for s in per_service.split(" / "))
     chars = "<br>".join(_setting(s, "max_total_chars") for s in per_service.split(" / "))
     held = "<br>".join(_setting(s, "max_buffered_bytes") for s in per_service.split(" / "))
@@ -264,6 +265,17 @@ def limits_table() -> str:
         f"| {_setting('judge', 'max_concurrency')} | queued, within each item's deadline |",
         f"| calls in flight per component service | gateway "
         f"| {_setting('gateway', 'max_concurrency')} | queued, within the component's deadline |",
+        f"| responses per request, all groups | sandbox | {_setting('sandbox', 'max_items')} "
+        f"| 413 `too_many_items` |",
+        f"| tests per reference | sandbox | {_setting('sandbox', 'max_tests')} "
+        f"| `null`, kind `invalid_reference` |",
+        f"| `python_grader` source | gateway, sandbox "
+        f"| {sandbox.MAX_GRADER_SOURCE_CHARS:,} characters; must compile and define `grade` "
+        f"| 422 naming `recipe.components.N.params.source` |",
+        "| programs running at once | sandbox | `SANDBOX_WORKERS` (CPU count) "
+        f"| queued, up to {_setting('sandbox', 'queue_timeout_s')} s, then `null` `timeout` |",
+        "| a program's time, memory, processes, output | sandbox | per test and per response "
+        "([sandbox](../services/sandbox.md#settings)) | the tests it hit fail with the reason |",
     ]
     return "\n".join(rows)
 
