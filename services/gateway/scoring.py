@@ -47,6 +47,7 @@ from arbiter.services.gateway.misses import Call, call, chunks, misses
 from arbiter.services.gateway.plan import ComponentScores, plan
 from arbiter.services.gateway.recipes import ResolvedRecipe
 from arbiter.services.gateway.reward_metrics import SCORES
+from arbiter.services.gateway.settings import SERVICES
 
 REQUESTS = Counter(
     "arbiter_gateway_score_requests_total", "Scoring calls by recipe and outcome.",
@@ -233,7 +234,7 @@ class Scorer:
                     del self._pending[key]
 
     async def ready(self) -> dict[str, str]:
-        services = ("verify", "embedding", "judge")
+        services = SERVICES
         overrides = self.client.settings.component_urls
         checks = await asyncio.gather(
             *(self.client.ready(s) for s in services),

@@ -122,11 +122,12 @@ async def test_ops_endpoints(gateway_url: str) -> None:
         metrics = (await client.get(f"{gateway_url}/metrics")).text
         docs = await client.get(f"{gateway_url}/docs")
         health = await client.get(f"{gateway_url}/healthz")
-    # embedding and judge are not configured here: reported, but readiness still passes
+    # embedding, judge and sandbox are not configured here: each reported, readiness passes
     assert ready.status_code == 200, ready.text
     checks = ready.json()["checks"]
     assert checks["verify"] == "ok" and checks["cache"] == "ok"
     assert checks["judge"].startswith("not configured") and "GATEWAY_JUDGE_URL" in checks["judge"]
+    assert "GATEWAY_SANDBOX_URL" in checks["sandbox"], checks
     for name in (
         "arbiter_gateway_score_requests_total",
         "arbiter_gateway_component_seconds",
