@@ -13,7 +13,8 @@
 # RUNS: which runs (default all); T: seconds of GRPO each; W_DIV: the second diversity weight;
 # DIV_EXTRA: trainer settings added to the three diversity runs (e.g. scale_rewards=false);
 # tool-fast: the tool run at lr 1e-4.
-source "$(dirname "$0")/gpu_env.sh"
+# ENV_READY=1: the caller has already sourced gpu_env.sh (another script runs beside this one)
+[ "${ENV_READY:-0}" = 1 ] || source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OUT=${OUT:-/tmp/tools_out}
 PY=${PY:-python3}
 W=${WORK:-/tmp/tools_work}; O=$W/out

@@ -13,7 +13,7 @@ from pathlib import Path
 from bench.device.regress import CHECKS, verdicts
 
 REPO = Path(__file__).resolve().parents[3]
-GPU = Namespace(small=False, learn_steps=300, calc_steps=5)
+GPU = Namespace(small=False, learn_steps=300, steps={"tool": 60, "diverse": 60})
 
 
 def _run(**parts: dict[str, object]) -> dict[str, str]:
@@ -43,6 +43,18 @@ def test_a_crash_a_short_run_and_accuracy_that_does_not_rise_fail() -> None:
     assert low["learn.accuracy_after"] == "FAIL (regression)"
 
 
+def test_tool_use_must_pass_its_goal_and_the_reward_wait_its_limit() -> None:
+    # risen, but not past 60 %: the warm start learned nothing about the tool
+    low = _run(tool={"rc": 0, "steps": 60, "accuracy_before": 0.8, "accuracy_after": 40.0})
+    assert low["tool.accuracy_after"] == "FAIL (did not rise)"
+    ok = _run(tool={"rc": 0, "steps": 60, "accuracy_before": 0.8, "accuracy_after": 97.0},
+              diverse={"rc": 0, "steps": 60, "reward_wait_share": 0.01})  # fmt: skip
+    assert ok["tool.accuracy_after"] == ok["diverse.reward_wait_share"] == "ok"
+    # the embedding service in the loop may take at most 5 % of the step
+    slow = _run(diverse={"rc": 0, "steps": 60, "reward_wait_share": 0.2})
+    assert slow["diverse.reward_wait_share"] == "FAIL (over its limit)"
+
+
 def test_regress_sh_small_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"
     env = os.environ | {"SMALL": "1", "PY": sys.executable, "OUT": str(out), "LIMIT": "540"}
@@ -52,9 +64,10 @@ def test_regress_sh_small_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     figures = json.loads((out / "regress.json").read_text())["figures"]
-    assert all(figures[f"{p}.rc"] == 0 for p in ("learn", "calc", "speed", "embed"))
-    assert figures["learn.steps"] == 3 and figures["calc.steps"] == 2
-    assert figures["calc.turns_mean"] >= 1
+    assert all(figures[f"{p}.rc"] == 0 for p in ("learn", "tool", "diverse", "speed", "embed"))
+    assert figures["learn.steps"] == 3 and figures["tool.steps"] == figures["diverse.steps"] == 2
+    assert figures["tool.turns_last"] >= 1 and figures["tool.tool_share_last"] is not None
+    assert figures["diverse.pass16_after"] is not None and figures["diverse.pairwise_after"] > 0
     assert figures["speed.ours_tokens_per_s"] > 0 and figures["speed.trl_tokens_per_s"] > 0
     assert figures["embed.texts_per_s"] > 0
     assert "| learn.steps | 3 |" in proc.stdout
