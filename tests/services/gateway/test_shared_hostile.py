@@ -190,11 +190,13 @@ def test_the_ledger_survives_a_restart_of_redis(
     args = argparse.Namespace(
         redis_port=free_port(),
         no_embedding=True,
+        no_sandbox=True,
         judge_base_url=None,
         judge_model=None,
         verify_port=None,
         embedding_port=None,
         judge_port=None,
+        sandbox_port=None,
         gateway_port=None,
     )
     argv = " ".join(_plan(args, tmp_path / "stack")[0].argv)
