@@ -4,9 +4,16 @@
    correct references; sft.jsonl demonstrations, all correct by default; ``--slip-rate`` makes
    that share of the non-addition ones show a misconception), a small Qwen2 (4.7 M parameters,
    arbiter.tiny_model's tokenizer) and a fixed-length supervised pass (``--sft-steps``: a short
-   one leaves a model that writes the format but is not yet sure of its sums).
+   one leaves a model that writes the format but is not yet sure of its sums). With
+   ``--task tool``, ``trainer.tooluse``'s problems instead (products and 4-digit sums beyond
+   the model's head; the calculator in ``--tool-share`` of the demonstrations), GRPO with
+   ``env=calculator`` (or ``env=calculator-off``, the same prompts without the tool).
+   ``--sft-only`` / ``--warm-start DIR`` share one warm start between runs side by side.
 2. The verify service and the gateway (in-process LRU cache; no Redis on the device) are
-   started with `arbiter serve` exactly as in production, on free loopback ports.
+   started with `arbiter serve` exactly as in production, on free loopback ports; with
+   ``--embedding MODEL`` the embedding service too (on the GPU, float16), for recipes with the
+   diversity component, and each evaluation then also samples 16 answers per problem:
+   pass@1..16 and their mean pairwise distance.
 3. ``python -m arbiter.trainer`` (the real CLI) runs GRPO on the generated problems with the
    gateway's ``gsm8k`` recipe (math_accuracy 1.0 + format 0.5), evaluating greedy held-out accuracy
    through the verify service before, during and after.
@@ -20,6 +27,11 @@ per step, k3 KL beta 0.05 to the warm start; results in bench/results/experiment
 
     python -m bench.trainer.learn [--steps 1500 --timeout 470 --compare-steps 40]
     python -m bench.trainer.learn --sft-steps 300 --steps 300 --compare-steps 0 --tag sft300 beta=0
+    python -m bench.trainer.learn --task tool --sft-steps 600 --steps 200 env=calculator
+    python -m bench.trainer.learn --embedding DIR --steps 400 recipe=gsm8k-diverse
+
+``--small`` (or BENCH_SMALL=1) runs any of them on a CPU at the smallest sizes; every setting
+side by side on one GPU: bench/device/trainer_tools_gpu.sh.
 """
 
 from __future__ import annotations
