@@ -35,6 +35,7 @@ from arbiter.trainer.setup import (
     resolve_precision,
     setup_logging,
 )
+from arbiter.trainer.update import multi_turn_eager
 
 log = logging.getLogger("trainer")
 
@@ -108,6 +109,8 @@ def build_run(cfg: TrainerConfig) -> Run:
     # before anything is loaded or written: a recipe the gateway cannot serve stops here
     check_recipes(cfg)
     precision = resolve_precision(cfg.precision, device)
+    if dist.main and (why := multi_turn_eager(cfg, device)):
+        log.warning(why)
     run_dir = prepare_run_dir(cfg, dist)
     if dist.main:
         log.info(

@@ -93,5 +93,26 @@ def train_on_batch(
 
 def train_compiled(cfg: TrainerConfig, model: Any, device: torch.device) -> bool:
     """Whether the training forward/backward runs compiled: ``compile_train`` on a GPU, not
-    under FSDP2 (not measured there)."""
-    return cfg.compile_train and device.type == "cuda" and not is_sharded(model)
+    under FSDP2 (not measured there), and not for multi-turn rollouts (``env=calculator``):
+    there inductor's compiled backward failed at run time on an H100, at the first batch with
+    observation tokens ("shape '[1431, 256]' is invalid for input of size 1264"), where the
+    compile-time fallback to the eager layer cannot catch it. ``multi_turn_eager`` warns once
+    at start."""
+    return (
+        cfg.compile_train
+        and cfg.env != "calculator"
+        and device.type == "cuda"
+        and not is_sharded(model)
+    )
+
+
+def multi_turn_eager(cfg: TrainerConfig, device: torch.device) -> str | None:
+    """The one start-of-run warning when ``compile_train`` is set but a multi-turn run trains
+    eagerly (``train_compiled``); None when nothing is overridden."""
+    if cfg.compile_train and cfg.env == "calculator" and device.type == "cuda":
+        return (
+            "compile_train=true is not applied with env=calculator: the compiled backward "
+            "fails on multi-turn batches (an inductor shape error at run time), so the "
+            "training forward/backward runs eagerly; sampling stays compiled"
+        )
+    return None

@@ -5,7 +5,7 @@ forward (regional torch.compile; here with a CPU backend) gives the eager one's.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -17,6 +17,8 @@ from arbiter.trainer.logprobs import completion_logprobs, trim_padding
 from arbiter.trainer.rollout import Rollout
 from arbiter.trainer.setup import Dist, enable_gradient_checkpointing, load_model
 from arbiter.trainer.update import train_on_batch
+
+Env = Literal["none", "calculator", "calculator-off"]
 
 
 @pytest.fixture(autouse=True)
@@ -114,3 +116,28 @@ def test_compiled_step_equals_the_eager_step(tiny_model: Path) -> None:
         assert s_comp[k] == pytest.approx(s_eager[k], rel=1e-5, abs=1e-7), k
     for k in w_eager:
         torch.testing.assert_close(w_comp[k], w_eager[k], msg=k)
+
+
+@pytest.mark.parametrize(
+    ("env", "compiled"),
+    [
+        ("none", True),  # single-turn on a GPU: compiled, the default
+        ("calculator-off", True),  # the tool's prompt, one turn: still single-turn
+        ("calculator", False),  # multi-turn: the compiled backward fails there, so eager
+    ],
+)
+def test_multi_turn_trains_eagerly_with_one_warning(env: Env, compiled: bool) -> None:
+    from arbiter.trainer.update import multi_turn_eager, train_compiled
+
+    cfg = TrainerConfig(model="unused", env=env, compile_train=True)
+    gpu, model = torch.device("cuda"), torch.nn.Linear(2, 2)
+    assert train_compiled(cfg, model, gpu) is compiled
+    warning = multi_turn_eager(cfg, gpu)
+    assert (warning is None) is compiled
+    if warning:
+        assert "env=calculator" in warning and "eagerly" in warning
+    # compile_train=false, or the CPU: nothing is overridden, nothing to say
+    assert (
+        multi_turn_eager(TrainerConfig(model="unused", env=env, compile_train=False), gpu) is None
+    )
+    assert multi_turn_eager(cfg, torch.device("cpu")) is None
