@@ -59,9 +59,10 @@ REPO = Path(__file__).resolve().parents[2]
 CHECKS: dict[str, tuple[str, float, str, str]] = {
     "learn.accuracy_after": ("min", 6.0, "pts", "3 H200 runs: 33.4-36.2 %; 2.1 points s.e. each"),
     "learn.s_per_step": ("max", 0.15, "rel", "3 H200 runs: 0.340-0.350 s"),
-    "tool.accuracy_after": ("min", 10.0, "pts", "1 H100 run: 99.2 % at step 100 (no spread yet)"),
-    "tool.s_per_step": ("max", 0.50, "rel", "1 H100 run, 5 runs on the GPU: 1.59 s (host-bound)"),
-    "diverse.s_per_step": ("max", 0.50, "rel", "1 H100 run, 5 runs on the GPU: 0.71 s"),
+    # at 60 steps: 99.4 % (H100, the part alone), 66.8 % (H200, beside learn/diverse/speed)
+    "tool.accuracy_after": ("min", 35.0, "pts", "2 runs: 99.4 %, 66.8 % at step 60"),
+    "tool.s_per_step": ("max", 0.50, "rel", "H100 alone 1.59 s; H200 side by side 1.31 s"),
+    "diverse.s_per_step": ("max", 0.50, "rel", "H100 alone 0.71 s; H200 side by side 0.54 s"),
     "speed.ratio": ("min", 0.20, "rel", "2 H200 calls: 2.47x, 2.26x (8 %)"),
     "speed.ours_tokens_per_s": ("min", 0.20, "rel", "2 H200 calls: 9,121, 8,148 (11 %)"),
     "speed.ours_peak_GiB": ("max", 0.03, "rel", "2 H200 calls: 13.13 GiB both"),
@@ -70,7 +71,10 @@ CHECKS: dict[str, tuple[str, float, str, str]] = {
 }
 
 
-TOOL_GOAL = 60.0  # % held-out greedy accuracy the tool part must pass (the warm start: < 10 %)
+# % held-out greedy accuracy the tool part must pass at its 60 steps: a clear rise from the warm
+# start's < 1 %. Not the full run's 60 % goal (met at step 100, docs/benchmarks/trainer.md): two
+# 60-step runs gave 99.4 % and 66.8 %, too wide a spread to hold a shortened run to it.
+TOOL_GOAL = 30.0
 # figure -> the most it may be, whatever was recorded (a goal, not a measured spread)
 LIMITS = {"diverse.reward_wait_share": 0.05}
 
