@@ -42,7 +42,8 @@ class TestPlan:
 
     def job(self) -> dict[str, Any]:
         if self.kind == "stdio":
-            return {"kind": "stdio", "cases": list(self.cases)}
+            # the inputs only: what a program could find in its memory it could print
+            return {"kind": "stdio", "cases": [{"input": c["input"]} for c in self.cases]}
         return {"kind": "tests", "tests": self.code, "n_tests": self.n_tests}
 
 
@@ -111,6 +112,13 @@ def _python(source: str, entry: str | None, max_tests: int) -> TestPlan:
         tree = ast.parse(source, "<tests>")
     except (SyntaxError, ValueError, MemoryError, RecursionError) as exc:
         raise ReferenceError_(f"the reference's test code does not parse: {exc}") from None
+    try:  # rewriting and unparsing recurse: a deep expression parses, then overflows them
+        return _prepare(tree, entry, max_tests)
+    except RecursionError:
+        raise ReferenceError_("the reference's test code is nested too deeply") from None
+
+
+def _prepare(tree: ast.Module, entry: str | None, max_tests: int) -> TestPlan:
     check = next(
         (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None
     )
@@ -160,7 +168,42 @@ def _has_assert(node: ast.stmt) -> bool:
 
 
 def _wrap_all(body: list[ast.stmt], counter: _Counter) -> list[ast.stmt]:
-    return [_wrap(s, counter) if _has_assert(s) else s for s in body]
+    return [_wrap(_Compares().visit(s), counter) if _has_assert(s) else s for s in body]
+
+
+# the comparisons an assert makes, and how the harness's hook for each is called
+COMPARE_HOOKS: dict[type[ast.cmpop], tuple[str, bool]] = {
+    ast.Eq: ("__arbiter_eq__", False),
+    ast.NotEq: ("__arbiter_eq__", True),
+    ast.In: ("__arbiter_in__", False),
+    ast.NotIn: ("__arbiter_in__", True),
+}
+
+
+class _Compares(ast.NodeTransformer):
+    """In an assert's condition, ``a == b`` becomes ``__arbiter_eq__(a, b)`` (``!=``,
+    ``in`` and ``not in`` alike): the harness compares plain values (the builtin types, to
+    which a subclass is brought back), so an object whose ``__eq__`` always says yes (the
+    "AlwaysEqual" reward hack) passes no ``assert candidate(x) == y``. Chained comparisons
+    and other operators are left as written."""
+
+    def visit_Assert(self, node: ast.Assert) -> ast.Assert:
+        node.test = _CompareCalls().visit(node.test)
+        return node
+
+
+class _CompareCalls(ast.NodeTransformer):
+    def visit_Compare(self, node: ast.Compare) -> ast.expr:
+        self.generic_visit(node)
+        hook = COMPARE_HOOKS.get(type(node.ops[0])) if len(node.ops) == 1 else None
+        if hook is None:
+            return node
+        name, negate = hook
+        call: ast.expr = ast.Call(ast.Name(name, ast.Load()), [node.left, node.comparators[0]], [])
+        return ast.UnaryOp(ast.Not(), call) if negate else call
+
+    def visit_Lambda(self, node: ast.Lambda) -> ast.Lambda:
+        return node  # only defines: its comparisons run outside the assert
 
 
 def _wrap(stmt: ast.stmt, counter: _Counter) -> ast.stmt:

@@ -41,6 +41,7 @@ from arbiter.services.sandbox.programs import (
     extract_program,
     parse_reference,
 )
+from arbiter.services.sandbox.runners import output_digest
 from arbiter.services.sandbox.settings import SandboxSettings
 
 log = logging.getLogger("arbiter.sandbox")
@@ -146,6 +147,8 @@ class Runner:
             answer = await self._run_job(job)
             if isinstance(answer, Outcome):
                 return answer
+            if plan.kind == "stdio":
+                _judge_outputs(answer, plan)
             return _tests_outcome(answer, plan.n_tests, p.mode)
 
         items = [(plan, r) for plan, g in zip(plans, req.groups, strict=True) for r in g.responses]
@@ -244,6 +247,18 @@ def _label(o: Outcome) -> str:
     if o.score is None:
         return o.kind or "internal"
     return "passed" if o.score == 1.0 else "scored"
+
+
+def _judge_outputs(answer: dict[str, Any], plan: TestPlan) -> None:
+    """A stdio test that ran to a clean exit comes back as ``[null, <digest of its
+    stdout>]``: it passed when that is the digest of the expected output."""
+    results = answer.get("results")
+    if not isinstance(results, list) or len(results) != len(plan.cases):
+        return
+    for i, (r, case) in enumerate(zip(results, plan.cases, strict=True)):
+        if isinstance(r, list) and len(r) == 2 and r[0] is None:
+            ok = r[1] == output_digest(case["output"])
+            results[i] = [ok, "" if ok else "wrong output"]
 
 
 def _tests_outcome(answer: dict[str, Any], n: int, mode: str) -> Outcome:
