@@ -136,7 +136,8 @@ def test_a_deeply_nested_reference_is_an_invalid_reference_not_a_500(
     strict=True,
     reason="documented limitation: Python tests run in the program's interpreter, so a "
     "program can call the harness's own pass hooks (from its globals, a caller's frame, or "
-    "the nonce in their closure) and report tests it did not pass",
+    "the nonce in their closure), or read the test code from its memory and return what it "
+    "expects, and report tests it did not pass",
 )
 def test_a_program_calling_the_harness_hooks_scores_nothing(sandbox: Sandbox) -> None:
     via_globals = (
@@ -151,4 +152,14 @@ def test_a_program_calling_the_harness_hooks_scores_nothing(sandbox: Sandbox) ->
         "            for i in range(8):\n                os.write(3, f'{n} P {i} \\n'.encode())\n"
         "            os._exit(0)\n"
     )
-    assert scores(sandbox, TESTS, via_globals, via_nonce) == [0.0, 0.0]
+    # the test code is in the job its process was forked with: it returns what they expect
+    via_tests = (
+        "import ast, gc\ndef f(x):\n    for o in gc.get_objects():\n"
+        "        if isinstance(o, dict) and o.get('kind') == 'tests':\n"
+        "            for n in ast.walk(ast.parse(o['tests'])):\n"
+        "                a = n.args if isinstance(n, ast.Call) else []\n"
+        "                if len(a) == 2 and isinstance(a[0], ast.Call)"
+        " and ast.literal_eval(a[0].args[0]) == x:\n"
+        "                    return ast.literal_eval(a[1])\n"
+    )
+    assert scores(sandbox, TESTS, via_globals, via_nonce, via_tests) == [0.0, 0.0, 0.0]
