@@ -26,7 +26,7 @@ import select
 import sys
 import time
 
-FRAME_LIMIT = 1 << 16  # bytes a child may report on its result pipe
+FRAME_LIMIT = 1 << 17  # result bytes a child may have unparsed: a line past half of it is too large
 REASON_CHARS = 300
 CODE_NAME = "__arbiter_program__"
 

@@ -156,26 +156,35 @@ def plain_in(a, b):
 class TestsRun(Run):
     def __init__(self, budget, job, start, nonce):
         self.nonce = nonce
+        self.parsed: list[tuple[str, int, str]] = []
         args = (job["program"], job["tests"], start, job["stop_on_fail"], nonce)
         super().__init__(budget, "/dev/null", tests_child, args)
-        self.pos = 0  # parsed up to here in buf["res"]
+
+    def read(self, fd):
+        """Parse each read's whole lines at once and drop them: ``FRAME_LIMIT`` bounds what
+        is pending (a line being written), not what a child reports over all its tests."""
+        super().read(fd)
+        data = self.buf["res"]
+        end = data.rfind(b"\n")
+        if end < 0:
+            return
+        for raw in bytes(data[:end]).split(b"\n"):
+            parts = raw.decode("utf-8", "replace").split(" ", 3)
+            try:
+                if len(parts) >= 3 and parts[0] == self.nonce:
+                    self.parsed.append((parts[1], int(parts[2]), "".join(parts[3:])))
+                    continue
+            except ValueError:
+                pass
+            self.budget.output_left -= len(raw) + 1  # not the harness's: output like any other
+        del data[: end + 1]
+        if self.budget.output_left < 0:
+            self.over = "output limit"
 
     def frames(self):
         """New result lines as (kind, index, reason); lines without the nonce are ignored."""
-        data = self.buf["res"]
-        out: list[tuple[str, int, str]] = []
-        while True:
-            end = data.find(b"\n", self.pos)
-            if end < 0:
-                return out
-            line = bytes(data[self.pos : end]).decode("utf-8", "replace")
-            self.pos = end + 1
-            parts = line.split(" ", 3)
-            if len(parts) >= 3 and parts[0] == self.nonce:
-                try:
-                    out.append((parts[1], int(parts[2]), parts[3] if len(parts) > 3 else ""))
-                except ValueError:
-                    continue
+        out, self.parsed = self.parsed, []
+        return out
 
 
 def run_tests(job, budget):

@@ -121,6 +121,23 @@ def test_leaving_early_or_forging_without_the_nonce_scores_nothing(
     assert scores(sandbox, HUMANEVAL, program) == [0.0]
 
 
+def test_long_failure_reasons_do_not_fail_the_tests_after_them(sandbox: Sandbox) -> None:
+    # 300 failures of 300 characters each are more than the result pipe's frame limit:
+    # the 212 tests after them still pass (512 is the default SANDBOX_MAX_TESTS)
+    program = "def f(x):\n    if x:\n        return 1\n    raise ValueError('x' * 400)\n"
+    reference = "assert f(0)\n" * 300 + "assert f(1)\n" * 212
+    assert scores(sandbox, reference, program) == [pytest.approx(212 / 512)]
+
+
+def test_junk_on_the_result_pipe_counts_as_output(sandbox: Sandbox) -> None:
+    # lines without the nonce are ignored, and count against the output limit (256 KiB here)
+    program = "import os\ndef f():\n    os.write(3, b'junk\\n' * 100000)\n    return 1\n"
+    body = sandbox.score("code_tests", [group("assert f()\nassert f()\n", program)])
+    g = body["groups"][0]
+    assert g["scores"] == [0.0]
+    assert g["info"]["failed"][0] == {"0": "output limit", "1": "output limit"}, g
+
+
 @pytest.mark.parametrize("depth", [900, 3000])
 def test_a_deeply_nested_reference_is_an_invalid_reference_not_a_500(
     sandbox: Sandbox, depth: int
