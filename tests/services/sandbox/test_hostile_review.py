@@ -151,6 +151,22 @@ def test_a_deeply_nested_reference_is_an_invalid_reference_not_a_500(
 
 @pytest.mark.xfail(
     strict=True,
+    reason="finding, not fixed: /tmp's tmpfs bounds bytes (--size), not inodes, and bwrap has "
+    "no option for nr_inodes: empty files cost kernel memory outside SANDBOX_TMP_MB (~300k "
+    "files, ~300 MB of slab, in 0.8 s here); only the container's memory limit bounds it",
+)
+def test_empty_files_in_tmp_are_bounded(sandbox: Sandbox) -> None:
+    program = (
+        "import os\ndef f():\n    for n in range(200_000):\n        try:\n"
+        "            os.close(os.open(f'/tmp/{n}', os.O_CREAT | os.O_WRONLY))\n"
+        "        except OSError:\n            return n\n    return n + 1\n"
+    )
+    body = sandbox.score("code_tests", [group("assert f() < 200_000, f()\n", program)])
+    assert body["groups"][0]["scores"] == [1.0], body["groups"][0]["info"]
+
+
+@pytest.mark.xfail(
+    strict=True,
     reason="documented limitation: Python tests run in the program's interpreter, so a "
     "program can call the harness's own pass hooks (from its globals, a caller's frame, or "
     "the nonce in their closure), or read the test code from its memory and return what it "
