@@ -10,9 +10,11 @@ documented as not prevented; their test is an expected failure that says so.
 from __future__ import annotations
 
 import json
+import platform
 
 import pytest
 
+from arbiter.services.sandbox.seccomp import SECCOMP_DENY
 from tests.services.sandbox.conftest import Sandbox, group
 
 TESTS = "assert f(1) == 2\nassert f(2) == 3\n"  # f(x) = x + 1; every hack below returns junk
@@ -136,6 +138,16 @@ def test_junk_on_the_result_pipe_counts_as_output(sandbox: Sandbox) -> None:
     g = body["groups"][0]
     assert g["scores"] == [0.0]
     assert g["info"]["failed"][0] == {"0": "output limit", "1": "output limit"}, g
+
+
+@pytest.mark.skipif(platform.machine() not in SECCOMP_DENY, reason="no seccomp filter here")
+def test_memory_files_beyond_the_memory_limit_are_refused(sandbox: Sandbox) -> None:
+    # a memfd written and never mapped held 960 MB a process, past RLIMIT_AS and /tmp
+    program = (
+        "import os\ndef f():\n    try:\n        os.memfd_create('m')\n"
+        "    except PermissionError:\n        return 1\n"
+    )
+    assert scores(sandbox, "assert f() == 1\n", program) == [1.0]
 
 
 @pytest.mark.parametrize("depth", [900, 3000])
