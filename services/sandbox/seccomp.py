@@ -5,8 +5,9 @@ the host's kernel. The filter refuses, with EPERM, the calls that reach into oth
 processes (``ptrace``, ``process_vm_readv``/``writev``, ``pidfd_getfd``: a program could
 take its runner's pipe to the service), those that expose the kernel's riskier surfaces
 (keyrings, ``bpf``, perf events, ``userfaultfd``, ``io_uring``) and those that hold memory
-outside the sandbox's limits (``memfd_create``, ``memfd_secret``: a file in memory, written
-and never mapped, escapes RLIMIT_AS and /tmp's size), and kills a process that calls
+outside the sandbox's limits (``memfd_create``, ``memfd_secret``, ``shmget``: a file in
+memory written and never mapped, or a System V segment filled and detached, escapes
+RLIMIT_AS and /tmp's size), and kills a process that calls
 through another ABI (x32, i386), where the numbers below would not hold. Everything else
 is allowed: an interpreter and its programs need the rest.
 """
@@ -20,7 +21,7 @@ import struct
 # A seccomp filter (classic BPF, as bwrap --seccomp reads it) that refuses, with EPERM, the
 # system calls that reach into other processes (ptrace, process_vm_*) or expose the kernel's
 # riskier surfaces (keyrings, bpf, perf events, userfaultfd, io_uring) or hold memory outside
-# the limits (memfd_*), and kills a process that calls through another ABI (x32, i386).
+# the limits (memfd_*, shmget), and kills a process that calls through another ABI (x32, i386).
 # Numbers per architecture.
 SECCOMP_DENY = {
     # machine: (AUDIT_ARCH_*, {syscall: number})
@@ -31,7 +32,7 @@ SECCOMP_DENY = {
             "add_key": 248, "request_key": 249, "keyctl": 250, "bpf": 321,
             "perf_event_open": 298, "userfaultfd": 323, "io_uring_setup": 425,
             "io_uring_enter": 426, "io_uring_register": 427, "pidfd_getfd": 438,
-            "memfd_create": 319, "memfd_secret": 447,
+            "memfd_create": 319, "memfd_secret": 447, "shmget": 29,
         },
     ),
     "aarch64": (
@@ -41,7 +42,7 @@ SECCOMP_DENY = {
             "add_key": 217, "request_key": 218, "keyctl": 219, "bpf": 280,
             "perf_event_open": 241, "userfaultfd": 282, "io_uring_setup": 425,
             "io_uring_enter": 426, "io_uring_register": 427, "pidfd_getfd": 438,
-            "memfd_create": 279, "memfd_secret": 447,
+            "memfd_create": 279, "memfd_secret": 447, "shmget": 194,
         },
     ),
 }  # fmt: skip

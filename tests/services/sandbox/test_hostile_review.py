@@ -141,13 +141,16 @@ def test_junk_on_the_result_pipe_counts_as_output(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.skipif(platform.machine() not in SECCOMP_DENY, reason="no seccomp filter here")
-def test_memory_files_beyond_the_memory_limit_are_refused(sandbox: Sandbox) -> None:
+def test_memory_held_beyond_the_memory_limit_is_refused(sandbox: Sandbox) -> None:
     # a memfd written and never mapped held 960 MB a process, past RLIMIT_AS and /tmp
+    # and System V segments, filled and detached, 1.5 GB
     program = (
-        "import os\ndef f():\n    try:\n        os.memfd_create('m')\n"
-        "    except PermissionError:\n        return 1\n"
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\ndef f():\n    try:\n"
+        "        os.memfd_create('m')\n    except PermissionError:\n        return 1\n"
+        "def g():\n    ok = libc.shmget(0, 1 << 20, 0o1600) == -1\n"
+        "    return int(ok and ctypes.get_errno() == 1)\n"
     )
-    assert scores(sandbox, "assert f() == 1\n", program) == [1.0]
+    assert scores(sandbox, "assert f() == 1\nassert g() == 1\n", program) == [1.0]
 
 
 @pytest.mark.parametrize("depth", [900, 3000])
