@@ -92,12 +92,12 @@ def tests_child(program, tests, start, stop_on_fail, nonce):
     say("E", -1)
 
 
-# What an assert's ``==`` and ``in`` compare (``programs._Compares`` rewrites them): values
-# of the builtin types, whose comparisons a program cannot change. A subclass of one (a
-# Counter, a namedtuple, an int with its own __eq__) is brought back to its base type;
-# any other object equals only an object of its very type, by its own ``__eq__`` (a list
-# or tuple holding such objects: member by member; a dict or set holding them: never).
+# An assert's ``==`` and ``in`` (``programs._Compares``) compare builtin values, which no
+# program can redefine: a subclass (Counter, namedtuple, an int with its own __eq__) as its
+# base type; another object equals only one of its very type, by its ``__eq__`` (in a list
+# or tuple: member by member; in a dict or set: never).
 SCALARS = (type(None), bool, int, float, complex, str, bytes)
+VIEWS: tuple[type, ...] = (type({}.keys()), type({}.items()))
 
 
 class NotPlain(Exception):
@@ -123,8 +123,10 @@ def plain(value):
         return float.__float__(value)
     if isinstance(value, str):
         return str.__str__(value)
-    if isinstance(value, bytes):
-        return bytes.__bytes__(value)
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    if type(value) in VIEWS:  # set-like, as Python compares them
+        return frozenset(plain(v) for v in value)
     raise NotPlain
 
 

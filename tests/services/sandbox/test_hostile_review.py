@@ -62,6 +62,8 @@ def test_values_of_builtin_subclasses_still_compare_as_their_values(sandbox: San
     fractions = "from fractions import Fraction\nassert f(1) == Fraction(1, 2)\n"
     half = "from fractions import Fraction\ndef f(x):\n    return Fraction(x, 2)\n"
     assert scores(sandbox, fractions, half) == [1.0]
+    views = "assert f(1).keys() == {'a'}\nassert bytearray(b'a') == b'a'\n"
+    assert scores(sandbox, views, counter) == [1.0]
 
 
 def test_a_stdio_program_cannot_print_the_expected_output_from_its_memory(
