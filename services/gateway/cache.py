@@ -44,16 +44,17 @@ def _lp(text: str) -> bytes:
 
 
 def _prefix(comp: BoundComponent, group: ScoreGroup) -> Any:
-    h = hashlib.sha256(_lp(comp.spec.name) + _lp(comp.params_json) + _lp(group.prompt))
+    h = hashlib.sha256(_lp(comp.spec.cache_name) + _lp(comp.params_json) + _lp(group.prompt))
     h.update(b"N" if group.reference is None else b"R" + _lp(group.reference))
     return h
 
 
 def cache_keys(comp: BoundComponent, group: ScoreGroup, team: str | None = None) -> list[str]:
     """One key per response (response-level) or one for the whole ordered group; with a
-    ``team``, in that team's own space (``arb:v1:team:<team>:…``), else the shared one."""
+    ``team``, in that team's own space (``arb:v1:team:<team>:…``), else the shared one. The
+    component's ``cache_name`` carries its scoring version."""
     base = _prefix(comp, group)
-    name = comp.spec.name if team is None else f"team:{team}:{comp.spec.name}"
+    name = comp.spec.cache_name if team is None else f"team:{team}:{comp.spec.cache_name}"
     if comp.spec.granularity == "group":
         for text in group.responses:
             base.update(_lp(text))

@@ -38,6 +38,15 @@ class ComponentSpec:
     path: str
     granularity: Granularity
     params_model: type[ArbiterModel]
+    # Bumped when the component's scores change for the same input (a scoring fix): its
+    # cache entries then get new keys, so a score cached by the old code is never served.
+    version: int = 1
+
+    @property
+    def cache_name(self) -> str:
+        """The name cache keys use: ``code_tests`` at version 1, ``code_tests.v2`` after
+        (version 1 keeps the keys of every unchanged component as they were)."""
+        return self.name if self.version == 1 else f"{self.name}.v{self.version}"
 
 
 COMPONENTS: dict[str, ComponentSpec] = {
@@ -48,7 +57,10 @@ COMPONENTS: dict[str, ComponentSpec] = {
         ComponentSpec("diversity", "embedding", "/v1/diversity", "group", DiversityParams),
         ComponentSpec("judge_quality", "judge", "/v1/quality", "response", QualityParams),
         ComponentSpec("judge_verifier", "judge", "/v1/verifier", "response", VerifierParams),
-        ComponentSpec("code_tests", "sandbox", "/v1/code_tests", "response", CodeTestsParams),
+        # v2: asserts compare plain values (an object whose __eq__ always says yes scored 1.0)
+        ComponentSpec(
+            "code_tests", "sandbox", "/v1/code_tests", "response", CodeTestsParams, version=2
+        ),
         ComponentSpec(
             "python_grader", "sandbox", "/v1/python_grader", "response", PythonGraderParams
         ),
