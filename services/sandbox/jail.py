@@ -1,27 +1,29 @@
-"""The bubblewrap sandboxes, started ahead of need.
+"""The bubblewrap sandboxes: zygotes started ahead of need, one job at a time each.
 
-One sandbox runs one job and exits: ``bwrap`` puts the harness (``harness.py`` and
-``runners.py``) in new user, PID, network, IPC, UTS and cgroup namespaces, with a
-read-only view of the interpreter (``/usr``, the ``/lib*`` links, the interpreter's own
-prefix when it lives elsewhere, its site-packages hidden under empty tmpfs), a fresh
-``/tmp`` tmpfs of ``SANDBOX_TMP_MB`` (the only writable place: ``/`` and ``/dev`` are
-remounted read-only), a minimal ``/dev`` and no ``/proc``; no
-environment (``--clearenv``), no network (a new network namespace: only its own
-loopback), no new user namespaces inside, a new session (no terminal to push input into),
-``--die-with-parent``, and the seccomp filter of ``seccomp.py``. Run as root, the service
-starts it as ``SANDBOX_UID`` (nobody): the kernel enforces ``RLIMIT_NPROC`` only on a user
-other than root, and the count is per user namespace, so each sandbox has its own.
+A sandbox is ``bwrap`` running the harness (``harness.py`` and ``runners.py``) in new
+user, PID, network, IPC, UTS and cgroup namespaces, with a read-only view of the
+interpreter (``/usr``, the ``/lib*`` links, the interpreter's own prefix when it lives
+elsewhere, its site-packages hidden under empty tmpfs), ``/`` and a minimal ``/dev``
+read-only, no ``/proc``; no environment (``--clearenv``), no network (a new network
+namespace: only its own loopback), no new user namespaces inside, a new session (no
+terminal to push input into), ``--die-with-parent``, and the seccomp filter of
+``seccomp.py``. It keeps ``CAP_SYS_ADMIN`` of its own user namespace, and only its zygote
+does: each job runs in fresh mount, PID and IPC namespaces with a fresh ``/tmp`` of
+``SANDBOX_TMP_MB`` and ``SANDBOX_TMP_INODES`` (the only writable place), under a PID 1 that
+drops every capability first (``harness.serve``). Run as root, the service starts it as
+``SANDBOX_UID`` (nobody): the kernel enforces ``RLIMIT_NPROC`` only on a user other than
+root, and the count is per user namespace.
 
-Starting one costs ~10 ms of CPU (bwrap ~4 ms, the interpreter ~6 ms); ``Pool`` keeps
-``workers + spare`` of them started, each waiting on its stdin, and replaces each one
-taken in the background, so a job pays none of it. A job writes the job (marshal) to the
-harness's stdin and reads one JSON line back; past its deadline (the harness keeps its
-own; this is the backstop) the process group is killed, which takes the namespace.
+Starting a sandbox costs ~12 ms of CPU (bwrap, the interpreter); a job in a started one
+~2 ms. ``Pool`` keeps ``workers + spare`` started; a job takes a free one, sends it the
+job as a file descriptor (a sealed memfd: the zygote never reads it), reads one JSON line
+back, and returns it to the pool once the zygote reports the job's namespace gone. Past
+its deadline (the harness keeps its own; this is the backstop), or when its caller leaves,
+the whole sandbox is killed and a new one starts in the background.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import contextlib
 import json
@@ -29,61 +31,33 @@ import logging
 import marshal
 import os
 import platform
-import shutil
 import signal
-import subprocess
-from pathlib import Path
+import socket
+from collections.abc import Coroutine
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 
 from arbiter.services.common.throttle import ThrottledLog
+from arbiter.services.sandbox.bwrap import bwrap_argv, compiled_harness, setpriv
 from arbiter.services.sandbox.seccomp import seccomp_filter
 from arbiter.services.sandbox.settings import SandboxSettings
 
 log = logging.getLogger("arbiter.sandbox")
 FAILURES_LOG = ThrottledLog(log)
 
-SANDBOXES_STARTED = Counter("sandbox_started_total", "Sandboxes started (one per job).")
+SANDBOXES_STARTED = Counter("sandbox_started_total", "Sandboxes (zygotes) started.")
 SANDBOX_FAILURES = Counter(
     "sandbox_failures_total", "Sandboxes that failed on their own account, by stage.", ["stage"]
 )
-SANDBOXES_IDLE = Gauge("sandbox_idle", "Sandboxes started and waiting for a job.")
+SANDBOXES_IDLE = Gauge("sandbox_idle", "Sandboxes started and free for a job.")
+JOBS = Counter("sandbox_jobs_total", "Jobs sent to sandboxes (one per response).")
 
 
-def _one_program() -> str:
-    """``harness.py`` then ``runners.py`` as one source: the runners' ``__future__`` import
-    and their import of the harness (for tools and tests) dropped, the rest as written."""
-    here = Path(__file__).parent
-    runners = (here / "runners.py").read_text()
-    lines = runners.split("\n")
-    for node in ast.parse(runners).body:
-        if isinstance(node, ast.ImportFrom) and node.module in (
-            "__future__",
-            __package__ + ".harness",
-        ):
-            end = node.end_lineno or node.lineno
-            lines[node.lineno - 1 : end] = [""] * (end - node.lineno + 1)
-    return (here / "harness.py").read_text() + "\n" + "\n".join(lines)
-
-
-HARNESS = _one_program()
-# What the interpreter runs: the harness's code object, compiled once at start-up by the same
-# interpreter (compiling its source took ~6 ms of every sandbox's start), read from stdin as
-# a length line and the marshalled code; the job follows on the same stdin.
-BOOT = (
-    "import marshal,sys;b=sys.stdin.buffer;"
-    "exec(marshal.loads(b.read(int(b.readline()))),{'__name__':'__main__'})"
-)
-COMPILE = (
-    "import marshal,sys;"
-    "sys.stdout.buffer.write(marshal.dumps(compile(sys.stdin.read(),'harness','exec')))"
-)
 READY_TIMEOUT_S = 10.0
 ANSWER_LIMIT = 4 << 20  # bytes of the harness's answer line
 STDERR_LIMIT = 8192  # of the harness's own stderr, kept for the log
-RETIRE_S = 5.0  # an answered sandbox exits by itself within this, or is killed
-RETIRING: set[asyncio.Task[None]] = set()  # answered sandboxes not yet exited
+RETIRE_S = 5.0  # an answered job's namespace is gone within this, or the sandbox is killed
 
 
 class SandboxFailure(Exception):
@@ -91,104 +65,25 @@ class SandboxFailure(Exception):
     program's doing."""
 
 
-def interpreter_paths(python: str) -> tuple[str, str, list[str]]:
-    """(the interpreter's real path, its prefix, its site-packages dirs), asked of it."""
-    code = (
-        "import json, site, sys, sysconfig; p = sysconfig.get_paths(); "
-        "print(json.dumps([sys.executable, sys.base_prefix, "
-        "sorted({p['purelib'], p['platlib'], *site.getsitepackages()})]))"
-    )
-    out = subprocess.run(
-        [python, "-I", "-c", code], capture_output=True, text=True, check=True, timeout=30
-    ).stdout
-    exe, prefix, sites = json.loads(out)
-    return os.path.realpath(exe), os.path.realpath(prefix), sites
-
-
-def bwrap_argv(settings: SandboxSettings) -> list[str]:
-    """The whole command line of one sandbox."""
-    exe, prefix, sites = interpreter_paths(settings.python)
-    argv = [
-        settings.bwrap,
-        "--unshare-all",
-        "--unshare-user",
-        "--disable-userns",
-        "--die-with-parent",
-        "--new-session",
-        "--clearenv",
-        "--as-pid-1",
-        "--hostname",
-        "sandbox",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-    ]
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        path = Path(top)
-        if path.is_symlink():
-            argv += ["--symlink", os.readlink(top), top]
-        elif path.is_dir():
-            argv += ["--ro-bind", top, top]
-    if not prefix.startswith("/usr/"):
-        argv += ["--ro-bind", prefix, prefix]
-    for site in sites:  # the service's own packages (and anything else installed) hidden
-        if Path(site).is_dir():
-            argv += ["--tmpfs", site, "--remount-ro", site]
-    argv += ["--size", str(settings.tmp_mb << 20), "--tmpfs", "/tmp"]
-    # no /proc: nothing there a program needs, and the runner's memory and fds (/proc/1/mem,
-    # /proc/1/fd) stay out of reach without making it undumpable (ctypes: ~3 ms a sandbox)
-    argv += ["--dev", "/dev", "--chdir", "/tmp"]
-    # / and /dev are bwrap's own tmpfs, writable and unbounded unless made read-only: only
-    # /tmp (bounded by --size) takes writes
-    argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
-    argv += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
-    argv += ["--setenv", "LANG", "C.UTF-8"]
-    return [*argv, "--", exe, "-I", "-S", "-c", BOOT]
-
-
-def compiled_harness(python: str) -> bytes:
-    """The harness compiled by ``python`` (code objects are specific to its version), as
-    ``Sandbox`` sends it: a length line, then the marshalled code."""
-    code = subprocess.run(  # the configured interpreter, a fixed script
-        [python, "-I", "-S", "-c", COMPILE],
-        input=HARNESS.encode(),
-        capture_output=True,
-        check=True,
-        timeout=30,
-    ).stdout
-    return b"%d\n" % len(code) + code
-
-
-def setpriv(settings: SandboxSettings) -> list[str]:
-    """``setpriv`` (util-linux) switching to ``SANDBOX_UID``/``GID`` with no other groups."""
-    found = shutil.which("setpriv")
-    if found is None:
-        raise RuntimeError(
-            "the sandbox service runs as root and needs setpriv (Debian: util-linux) to run "
-            "programs as SANDBOX_UID; install it or run the service as another user"
-        )
-    uid, gid = settings.uid, settings.gid
-    return [found, f"--reuid={uid}", f"--regid={gid}", "--clear-groups", "--"]
-
-
 class Sandbox:
-    """One started sandbox, waiting for its one job."""
+    """One started sandbox (a zygote), free or running one job."""
 
-    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, control: socket.socket) -> None:
         self.proc = proc
+        self.control = control  # our end of its stdin
+        self.killed = False
+        self.pending = False  # an answer was read; the zygote's "#exit" line not yet
 
     @property
     def alive(self) -> bool:
-        return self.proc.returncode is None
+        return not self.killed and self.proc.returncode is None
 
     async def boot(self, harness: bytes) -> None:
         """Hand the interpreter its harness; wait for the harness to say it is ready."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.write(harness)
-            await self.proc.stdin.drain()
-        except (ConnectionError, OSError):
-            pass  # it died already: the readiness line below says so
+        assert self.proc.stdout is not None
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(OSError):  # it died already: the readiness line says so
+            await loop.sock_sendall(self.control, harness)
         try:
             line = await asyncio.wait_for(self.proc.stdout.readline(), READY_TIMEOUT_S)
         except TimeoutError:
@@ -198,80 +93,102 @@ class Sandbox:
             self.kill()
             raise SandboxFailure(f"the sandbox did not start: {detail or 'no reason given'}")
 
-    async def run(self, job: dict[str, Any], deadline_s: float) -> dict[str, Any]:
-        """Send ``job``; its answer, or ``SandboxFailure``. After an answer the sandbox exits
-        by itself (``_retire``: bwrap then reaps the harness, so their CPU time is counted);
-        any other way out kills it."""
+    async def run(self, job: dict[str, Any], deadline_s: float, tmpfs: bytes) -> dict[str, Any]:
+        """Send ``job``; its answer, or ``SandboxFailure``. After an answer, ``settle`` waits
+        for the zygote to be free again; a job the sandbox failed leaves it free too (a
+        ``#exit`` line came instead of an answer), any other way out kills it."""
         proc = self.proc
-        assert proc.stdin is not None and proc.stdout is not None
+        assert proc.stdout is not None
         try:
             async with asyncio.timeout(deadline_s):
-                proc.stdin.write(marshal.dumps(job))  # read by the harness, no json to import
-                await proc.stdin.drain()
-                proc.stdin.close()
+                JOBS.inc()
+                fd = os.memfd_create("job", os.MFD_CLOEXEC)  # the job's PID 1 reads it
+                try:
+                    os.write(fd, marshal.dumps(job))  # no json to import in the sandbox
+                    os.lseek(fd, 0, os.SEEK_SET)
+                    socket.send_fds(self.control, [tmpfs], [fd])
+                finally:
+                    os.close(fd)
                 line = await proc.stdout.readline()
         except TimeoutError:
             self.kill()
             SANDBOX_FAILURES.labels("deadline").inc()
             raise SandboxFailure(f"the sandbox gave no answer within {deadline_s:g}s") from None
-        except (ConnectionError, ValueError, asyncio.LimitOverrunError) as exc:
+        except (OSError, ValueError, asyncio.LimitOverrunError) as exc:
             self.kill()
             SANDBOX_FAILURES.labels("io").inc()
             raise SandboxFailure(f"the sandbox failed ({type(exc).__name__})") from None
         except BaseException:  # cancelled: its caller left
             self.kill()
             raise
+        if line.startswith(b"#exit "):  # the job's PID 1 died without an answer
+            SANDBOX_FAILURES.labels("answer").inc()
+            detail = await self._stderr()
+            FAILURES_LOG.error("answer", "sandbox job died without an answer: %s", detail)
+            raise SandboxFailure("the sandbox died without an answer")
         try:
             answer = json.loads(line)
         except ValueError:
             answer = None
-        if not isinstance(answer, dict):
+        if not isinstance(answer, dict):  # the zygote died, or wrote what no harness writes
             self.kill()
             SANDBOX_FAILURES.labels("answer").inc()
             detail = await self._stderr()
             FAILURES_LOG.error("answer", "sandbox died without an answer: %s", detail)
             raise SandboxFailure("the sandbox died without an answer")
-        task = asyncio.create_task(self._retire())
-        RETIRING.add(task)
-        task.add_done_callback(RETIRING.discard)
+        self.pending = True
+        if "sandbox_error" in answer:  # the job's namespaces could not be made
+            SANDBOX_FAILURES.labels("start").inc()
+            raise SandboxFailure(str(answer["sandbox_error"])[:500])
         return answer
 
-    async def _retire(self) -> None:
-        """Wait for the answered sandbox to exit; kill it if it has not after ``RETIRE_S``."""
-        try:
-            await asyncio.wait_for(self.proc.wait(), RETIRE_S)
-        except TimeoutError:
-            SANDBOX_FAILURES.labels("exit").inc()
-        finally:
-            self.kill()
+    async def settle(self) -> bool:
+        """After an answer: wait for the zygote's ``#exit`` line (the job's namespace gone);
+        True when it is free for the next job. One that does not say so is killed."""
+        if not self.alive:
+            return False
+        if self.pending:
+            assert self.proc.stdout is not None
+            try:
+                line = await asyncio.wait_for(self.proc.stdout.readline(), RETIRE_S)
+            except (TimeoutError, ValueError, asyncio.LimitOverrunError):
+                line = b""
+            self.pending = False
+            if not line.startswith(b"#exit "):
+                SANDBOX_FAILURES.labels("exit").inc()
+                self.kill()
+                return False
+        return self.alive
 
     async def _stderr(self) -> str:
         if self.proc.stderr is None:
             return ""
         with contextlib.suppress(TimeoutError, ValueError):
-            data = await asyncio.wait_for(self.proc.stderr.read(STDERR_LIMIT), 1.0)
+            data = await asyncio.wait_for(self.proc.stderr.read(STDERR_LIMIT), 0.2)
             return data.decode("utf-8", "replace").strip()[-500:]
         return ""
 
     def kill(self) -> None:
         """Kill the sandbox's process group (bwrap; its PID namespace dies with it)."""
+        self.killed = True
         if self.proc.returncode is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
+        self.control.close()
 
 
 class Pool:
-    """``size`` sandboxes kept started; ``take`` hands one out and its replacement starts.
+    """``size`` sandboxes kept started; a job takes a free one and gives it back when done.
 
-    Replacements start concurrently (one task each): started one after another, the pool
-    could not hand out more than one sandbox per start-up time (~50 ms), whatever the
-    cores."""
+    Sandboxes start concurrently (one task each): started one after another, the pool
+    could not replace more than one per start-up time (~50 ms), whatever the cores."""
 
     def __init__(self, settings: SandboxSettings, size: int) -> None:
         self.settings = settings
         self.size = size
         self.argv = bwrap_argv(settings)
         self.harness = compiled_harness(settings.python)
+        self.tmpfs = b"size=%d,nr_inodes=%d" % (settings.tmp_mb << 20, settings.tmp_inodes)
         self.seccomp = seccomp_filter()
         if self.seccomp is None:
             log.warning("no seccomp filter for %s: sandboxes run without one", platform.machine())
@@ -279,32 +196,35 @@ class Pool:
         if os.geteuid() == 0:  # never run untrusted code as root: drop to SANDBOX_UID first
             prefix = setpriv(settings)
             self.argv, self._bwrap_at = [*prefix, *self.argv], len(prefix)
-        self._ready: asyncio.Queue[Sandbox] = asyncio.Queue()
-        self._starting: set[asyncio.Task[None]] = set()
+        self._free: asyncio.Queue[Sandbox] = asyncio.Queue()
+        self._live: set[Sandbox] = set()  # started and not killed: free, busy or settling
+        self._tasks: set[asyncio.Task[None]] = set()  # starting or settling
+        self._starting = 0
         self._closed = False
         self.last_error = ""
 
     async def start(self) -> None:
         """One sandbox started and checked now (a broken setup fails the service's start),
         the rest in the background."""
-        self._ready.put_nowait(await self.spawn())
+        self._add(await self.spawn())
         self._refill()
 
     async def close(self) -> None:
         self._closed = True
-        for task in [*self._starting, *RETIRING]:  # answered ones are killed as they go
+        for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._starting, *RETIRING, return_exceptions=True)
-        while not self._ready.empty():
-            box = self._ready.get_nowait()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for box in self._live:
             box.kill()
+        for box in self._live:
             with contextlib.suppress(Exception):
                 await box.proc.wait()
+        self._live.clear()
         SANDBOXES_IDLE.set(0)
 
     @property
     def idle(self) -> int:
-        return self._ready.qsize()
+        return self._free.qsize()
 
     async def spawn(self) -> Sandbox:
         argv, fds = self.argv, []
@@ -315,10 +235,11 @@ class Pool:
             fds = [read]
             at = self._bwrap_at + 1  # its options right after the bwrap binary
             argv = [*argv[:at], "--seccomp", str(read), *argv[at:]]
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             proc = await asyncio.create_subprocess_exec(
                 *argv,
-                stdin=asyncio.subprocess.PIPE,
+                stdin=theirs.fileno(),
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # its own process group: one killpg ends it
@@ -328,14 +249,17 @@ class Pool:
                 pass_fds=fds,
             )
         except OSError as exc:
+            ours.close()
             SANDBOX_FAILURES.labels("spawn").inc()
             self.last_error = f"cannot start bwrap: {exc}"
             raise SandboxFailure(self.last_error) from None
         finally:
+            theirs.close()
             for fd in fds:
                 os.close(fd)
+        ours.setblocking(False)
         SANDBOXES_STARTED.inc()
-        box = Sandbox(proc)
+        box = Sandbox(proc, ours)
         try:
             await box.boot(self.harness)
         except SandboxFailure as exc:
@@ -345,28 +269,64 @@ class Pool:
         self.last_error = ""
         return box
 
-    async def take(self) -> Sandbox:
-        """A started sandbox: a waiting one, else the next to finish starting."""
+    async def run(self, job: dict[str, Any], deadline_s: float) -> dict[str, Any]:
+        """``job``'s answer from a free sandbox, or ``SandboxFailure``."""
+        box = await self._take()
+        try:
+            return await box.run(job, deadline_s, self.tmpfs)
+        finally:
+            self._give_back(box)
+
+    async def _take(self) -> Sandbox:
+        """A free sandbox: a waiting one, else the next to start or to settle."""
         while True:
             self._refill()
             try:
-                box = await asyncio.wait_for(self._ready.get(), READY_TIMEOUT_S)
+                box = await asyncio.wait_for(self._free.get(), READY_TIMEOUT_S)
             except TimeoutError:
                 raise SandboxFailure(
                     f"no sandbox started within {READY_TIMEOUT_S:g}s: "
                     f"{self.last_error or 'the host is overloaded'}"
                 ) from None
-            SANDBOXES_IDLE.set(self._ready.qsize())
+            SANDBOXES_IDLE.set(self._free.qsize())
             if box.alive:
-                self._refill()
                 return box
+            self._live.discard(box)
+
+    def _give_back(self, box: Sandbox) -> None:
+        if box.alive and box.pending:
+            self._task(self._settle(box))
+        elif box.alive and not self._closed:
+            self._free.put_nowait(box)
+        else:
+            self._live.discard(box)
+            box.kill()
+            self._refill()
+
+    async def _settle(self, box: Sandbox) -> None:
+        free = await box.settle()
+        self._give_back(box) if free else self._drop(box)
+
+    def _drop(self, box: Sandbox) -> None:
+        box.kill()
+        self._live.discard(box)
+        self._refill()
+
+    def _add(self, box: Sandbox) -> None:
+        self._live.add(box)
+        self._free.put_nowait(box)
+        SANDBOXES_IDLE.set(self._free.qsize())
+
+    def _task(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _refill(self) -> None:
         """Start as many sandboxes as are missing from ``size``, each in its own task."""
-        while not self._closed and self._ready.qsize() + len(self._starting) < self.size:
-            task = asyncio.create_task(self._start_one())
-            self._starting.add(task)
-            task.add_done_callback(self._starting.discard)
+        while not self._closed and len(self._live) + self._starting < self.size:
+            self._starting += 1
+            self._task(self._start_one())
 
     async def _start_one(self) -> None:
         try:
@@ -375,5 +335,9 @@ class Pool:
             FAILURES_LOG.error("spawn", "sandbox start failed: %s", exc)
             await asyncio.sleep(1.0)  # then the next take or refill tries again
             return
-        self._ready.put_nowait(box)
-        SANDBOXES_IDLE.set(self._ready.qsize())
+        finally:
+            self._starting -= 1
+        if self._closed:
+            box.kill()
+        else:
+            self._add(box)

@@ -1,6 +1,6 @@
 """The sandbox's three kinds of job, run by the harness (``harness.py``) as PID 1.
 
-The sandbox gets this file appended to ``harness.py`` as one program (``jail.py`` drops
+The sandbox gets this file appended to ``harness.py`` as one program (``bwrap.py`` drops
 the import of the harness below, which is only for tools and tests); it runs with the
 same few standard-library modules.
 
@@ -16,10 +16,8 @@ same few standard-library modules.
 
 from __future__ import annotations
 
-import marshal
 import os
 import resource
-import sys
 import time
 
 from arbiter.services.sandbox.harness import (  # one program in the sandbox: dropped there
@@ -27,10 +25,9 @@ from arbiter.services.sandbox.harness import (  # one program in the sandbox: dr
     Budget,
     Run,
     cut,
-    dump,
     no_dump,
     nonce,
-    signal,
+    serve,
     sweep,
 )
 
@@ -380,12 +377,8 @@ def run_grader(job, budget):
 KINDS = {"tests": run_tests, "stdio": run_stdio, "grader": run_grader}
 
 
-def main():
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    out = sys.stdout.buffer
-    out.write(b'{"ready": true}\n')
-    out.flush()
-    job = marshal.loads(sys.stdin.buffer.read())  # the service's own bytes
+def answer_job(job):
+    """The job's answer, in the job's PID 1 (``harness.serve``)."""
     if job.get("no_dump"):  # no seccomp filter here: ptrace and pidfd_getfd are not refused
         no_dump()
     budget = Budget(job)
@@ -393,9 +386,8 @@ def main():
     sweep()
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     answer["cpu_s"] = usage.ru_utime + usage.ru_stime
-    out.write(dump(answer).encode("utf-8", "replace") + b"\n")
-    out.flush()
+    return answer
 
 
-if __name__ == "__main__":  # run by the boot line (jail.BOOT), not imported
-    main()
+if __name__ == "__main__":  # run by the boot line (bwrap.BOOT), not imported
+    serve(answer_job)

@@ -187,8 +187,7 @@ class Runner:
         """Run ``job`` in a started sandbox: its answer, or the sandbox's own failure."""
         start = time.perf_counter()
         try:
-            box = await self.pool.take()
-            return await box.run(job, self.settings.item_timeout_s + SLACK_S)
+            return await self.pool.run(job, self.settings.item_timeout_s + SLACK_S)
         except SandboxFailure as exc:
             return Outcome(None, "sandbox_error", str(exc))
         finally:

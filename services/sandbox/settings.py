@@ -73,6 +73,9 @@ class SandboxSettings(ServiceSettings):
     max_file_mb: int = Field(default=16, ge=1, le=4096, description="Largest file (RLIMIT_FSIZE).")
     max_open_files: int = Field(default=64, ge=16, le=4096, description="RLIMIT_NOFILE.")
     tmp_mb: int = Field(default=64, ge=1, le=4096, description="Size of the sandbox's /tmp.")
+    tmp_inodes: int = Field(
+        default=4096, ge=16, le=1 << 20, description="Files and directories in its /tmp at most."
+    )
     output_limit_bytes: int = Field(
         default=1 << 20,
         ge=1024,
