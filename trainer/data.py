@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 INSTRUCTION = (
     "Solve the math problem. Reason step by step inside <think>...</think>, then give only "
@@ -99,3 +100,41 @@ def _permutation(n: int, seed: int, epoch: int) -> list[int]:
         random.Random(seed * 1_000_003 + epoch).shuffle(perm)
         _PERMS[key] = perm
     return _PERMS[key]
+
+
+# ------------------------------------------------------------------ generated problem sets
+
+
+class Generated(Protocol):
+    @property
+    def question(self) -> str: ...
+
+    def gsm8k_row(self) -> dict[str, str]: ...
+
+
+G = TypeVar("G", bound=Generated)
+
+
+def held_out_split(
+    rng: random.Random, make: Callable[[random.Random], G], n_train: int, n_test: int, n_valid: int
+) -> tuple[list[G], list[G], list[G]]:
+    """(train, valid, test) drawn from ``make``: distinct held-out questions first, then
+    training problems, none of which repeats a held-out question."""
+    held: dict[str, G] = {}
+    while len(held) < n_test + n_valid:
+        p = make(rng)
+        held[p.question] = p
+    test, valid = list(held.values())[:n_test], list(held.values())[n_test:]
+    train: list[G] = []
+    while len(train) < n_train:
+        p = make(rng)
+        if p.question not in held:
+            train.append(p)
+    return train, valid, test
+
+
+def write_gsm8k_splits(out_dir: Path, splits: dict[str, list[G]]) -> None:
+    """``NAME.jsonl`` in GSM8K's format for each split."""
+    for name, rows in splits.items():
+        with (out_dir / f"{name}.jsonl").open("w") as f:
+            f.writelines(json.dumps(p.gsm8k_row()) + "\n" for p in rows)

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from arbiter.trainer.data import held_out_split, write_gsm8k_splits
+
 log = logging.getLogger(__name__)
 
 NAMES = ["Tom", "Sara", "Ali", "Mia", "Ben", "Lena", "Omar", "Kim", "Raj", "Eva", "Leo", "Ana"]
@@ -117,20 +119,8 @@ def write_dataset(
     reward can correct."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    held: dict[str, ArithProblem] = {}
-    while len(held) < n_test + n_valid:
-        p = make_problem(rng)
-        held[p.question] = p
-    test, valid = list(held.values())[:n_test], list(held.values())[n_test:]
-    train: list[ArithProblem] = []
-    while len(train) < n_train:
-        p = make_problem(rng)
-        if p.question not in held:
-            train.append(p)
-    for name, rows in (("train", train), ("valid", valid), ("test", test)):
-        with (out_dir / f"{name}.jsonl").open("w") as f:
-            for p in rows:
-                f.write(json.dumps(p.gsm8k_row()) + "\n")
+    train, valid, test = held_out_split(rng, make_problem, n_train, n_test, n_valid)
+    write_gsm8k_splits(out_dir, {"train": train, "valid": valid, "test": test})
     with (out_dir / "sft.jsonl").open("w") as f:
         for p in train:
             slip = rng.random() < slip_rate

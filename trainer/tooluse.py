@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from arbiter.trainer.data import held_out_split, write_gsm8k_splits
 from arbiter.trainer.env import CALC_INSTRUCTION
 
 NAMES = ["Tom", "Sara", "Ali", "Mia", "Ben", "Lena", "Omar", "Kim", "Raj", "Eva", "Leo", "Ana"]
@@ -127,19 +128,8 @@ def write_dataset(
     demonstrations calling the calculator (half of those clumsily), the rest in the head."""
     out_dir.mkdir(parents=True, exist_ok=True)
     rng = random.Random(seed)
-    held: dict[str, ToolProblem] = {}
-    while len(held) < n_test + n_valid:
-        p = make_problem(rng)
-        held[p.question] = p
-    test, valid = list(held.values())[:n_test], list(held.values())[n_test:]
-    train: list[ToolProblem] = []
-    while len(train) < n_train:
-        p = make_problem(rng)
-        if p.question not in held:
-            train.append(p)
-    for name, rows in (("train", train), ("valid", valid), ("test", test)):
-        with (out_dir / f"{name}.jsonl").open("w") as f:
-            f.writelines(json.dumps(p.gsm8k_row()) + "\n" for p in rows)
+    train, valid, test = held_out_split(rng, make_problem, n_train, n_test, n_valid)
+    write_gsm8k_splits(out_dir, {"train": train, "valid": valid, "test": test})
     with (out_dir / "sft.jsonl").open("w") as f:
         for p in train:
             u = rng.random()
