@@ -33,87 +33,17 @@ import signal
 import sys
 import textwrap
 import time
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from pydantic import ValidationError
 
 from arbiter.client import ArbiterClient, RecipeArg, RetryPolicy, recipe_problem
 from arbiter.errors import ArbiterError
-from arbiter.proto.gateway import ScoreGroup, ScoreResponse
+from arbiter.proto.gateway import ScoreGroup
 from arbiter.rows import RowError, as_group
-
-
-@dataclass
-class Summary:
-    """What the output file holds once this run is done (earlier runs' lines included)."""
-
-    groups: int = 0
-    resumed: int = 0  # scored by an earlier run, skipped now
-    responses: int = 0
-    masked: int = 0
-    failed: int = 0  # groups whose request failed (written with "error")
-    sums: Counter[str] = field(default_factory=Counter)
-    counts: Counter[str] = field(default_factory=Counter)
-    errors: Counter[str] = field(default_factory=Counter)  # item errors by kind
-    cache_hits: int = 0  # this run's requests only
-    cache_misses: int = 0
-
-    def add(self, line: dict[str, Any]) -> None:
-        if "error" in line:
-            self.failed += 1
-            self.errors[f"request: {line['error'].get('type', 'error')}"] += 1
-            return
-        self.groups += 1
-        self.responses += len(line["rewards"])
-        self.masked += sum(line["masked"])
-        series = {"reward": line["rewards"], **line["components"]}
-        for name, values in series.items():
-            present = [v for v in values if v is not None]
-            self.sums[name] += sum(present)
-            self.counts[name] += len(present)
-        for err in line.get("errors", []):
-            self.errors[err["kind"]] += 1
-
-    def rows(self) -> list[tuple[str, str]]:
-        rows = [("groups scored", f"{self.groups} ({self.resumed} from an earlier run)"),
-                ("responses", str(self.responses)),
-                ("masked responses", str(self.masked)),
-                ("failed groups", str(self.failed))]  # fmt: skip
-        for name in self.sums:
-            mean = self.sums[name] / self.counts[name] if self.counts[name] else None
-            shown = "—" if mean is None else f"{mean:.4f}"
-            rows.append((f"mean {name}", f"{shown} (n={self.counts[name]})"))
-        for kind, n in sorted(self.errors.items()):
-            rows.append((f"errors: {kind}", str(n)))
-        looked = self.cache_hits + self.cache_misses
-        ratio = f" ({self.cache_hits / looked:.0%})" if looked else ""
-        rows.append(("cache hits (this run)", f"{self.cache_hits}{ratio}"))
-        return rows
-
-
-def read_done(path: Path, summary: Summary) -> set[str]:
-    """Ids the output already holds scores for (failed lines are not done)."""
-    done: set[str] = set()
-    if not path.exists():
-        return done
-    with path.open() as f:
-        for line in f:
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a line cut short by an interrupted run: scored again
-            if "error" not in row and row.get("id") is not None:
-                done.add(str(row["id"]))
-                summary.add(row)
-                summary.resumed += 1
-    return done
-
+from arbiter.score_output import Summary, Writer, print_summary, read_done
 
 Item = tuple[str, dict[str, Any] | str]  # (id, group) or (id, why the line is bad)
 
@@ -174,29 +104,6 @@ def load_recipe(value: str) -> RecipeArg:
         loaded: dict[str, Any] = yaml.safe_load(path.read_text())
         return loaded
     return value
-
-
-class Writer:
-    """Appends output lines as they come and keeps the summary up to date."""
-
-    def __init__(self, out: IO[str], summary: Summary) -> None:
-        self.out, self.summary = out, summary
-
-    def write(self, line: dict[str, Any]) -> None:
-        self.summary.add(line)
-        self.out.write(json.dumps(line, ensure_ascii=False) + "\n")
-        self.out.flush()  # an interrupted run loses nothing that was scored
-
-    def scored(self, out: ScoreResponse) -> None:
-        self.summary.cache_hits += out.usage.cache_hits
-        self.summary.cache_misses += out.usage.cache_misses
-        for g in out.groups:
-            line = g.model_dump(mode="json")
-            line.update(recipe=out.recipe.name, fingerprint=out.recipe.fingerprint)
-            self.write(line)
-
-    def failed(self, gid: str, kind: str, message: str) -> None:
-        self.write({"id": gid, "error": {"type": kind, "message": message}})
 
 
 def _client(args: argparse.Namespace) -> ArbiterClient:
@@ -322,21 +229,6 @@ def _console(quiet: bool) -> Any:
     return Console(stderr=True)
 
 
-def _print_summary(summary: Summary, console: Any) -> None:
-    if console is None:
-        for key, value in summary.rows():
-            print(f"{key:<40} {value}", file=sys.stderr)
-        return
-    from rich.table import Table
-
-    table = Table(title="arbiter score")
-    table.add_column("")
-    table.add_column("value", justify="right")
-    for key, value in summary.rows():
-        table.add_row(key, value)
-    console.print(table)
-
-
 def cmd_score(args: argparse.Namespace) -> int:
     if args.concurrency < 1 or args.batch < 1 or args.retries < 0:
         raise SystemExit("arbiter score: --concurrency and --batch must be >= 1, --retries >= 0")
@@ -366,7 +258,7 @@ def cmd_score(args: argparse.Namespace) -> int:
                     progress.update(task, rate=f"{speed:.1f} groups/s" if speed else "")
 
                 interrupted = asyncio.run(until_signal(score_file(args, writer, done, advance)))
-    _print_summary(summary, console)
+    print_summary(summary, console)
     if interrupted:
         print(f"interrupted: {summary.groups:,}/{total:,} groups scored; "
               "run the same command to resume", file=sys.stderr)  # fmt: skip
