@@ -2,7 +2,8 @@
 generation, no vLLM) on a random-initialised Qwen2 and an offline byte-level BPE tokenizer.
 
 ``bench.trainer.speed`` (and the other trainer benchmarks) import it for the model, the
-tokenizer, the prompts and the TRL phase, so both sides run the same shapes in one process.
+tokenizer, the prompts and the TRL phase, so both sides run the same shapes in one process;
+what no setting changes (device, memory, versions, the prompts) is in ``trl_common``.
 Run alone, it measures on one GPU:
 
 1. rollout reference: ``model.generate``, prompts x G sequences x ``BENCH_NEW`` new tokens;
@@ -24,11 +25,9 @@ run cut short keeps what it measured.
 
 from __future__ import annotations
 
-import gc
 import itertools
 import json
 import os
-import platform
 import random
 import time
 import traceback
@@ -42,6 +41,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # after the offline settings above
 
+from bench.trainer.trl_common import (
+    DEV,
+    arith,
+    log,
+    mem_peak,
+    mem_reset,
+    prompts_messages,
+    sync,
+    versions,
+)
+
 SMALL = os.environ.get("BENCH_SMALL") == "1"
 STEPS = int(os.environ.get("BENCH_STEPS", "3" if SMALL else "8"))
 WARMUP = 2
@@ -49,7 +59,6 @@ PHASES = os.environ.get("BENCH_PHASES", "ref,A,A_nogc,B").split(",")
 OUT = os.environ.get("OUT") or "/tmp/trl_baseline_out"
 os.makedirs(OUT, exist_ok=True)
 MDIR = "/tmp/trl_baseline_model"  # the model and tokenizer, saved once, loaded by each phase
-DEV = "cuda" if torch.cuda.is_available() else "cpu"
 SHAPES: dict[str, dict[str, Any]] = {  # the real configs (Qwen2.5 model cards), random init
     "0.5b": dict(
         hidden_size=1024, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=16,
@@ -79,58 +88,6 @@ R: dict[str, Any] = {"small_test": SMALL, "steps": STEPS, "warmup_steps": WARMUP
 def dump() -> None:
     with open(os.path.join(OUT, "trl_baseline.json"), "w") as f:
         json.dump(R, f, indent=1, default=str)
-
-
-def sync() -> None:
-    if DEV == "cuda":
-        torch.cuda.synchronize()
-
-
-def mem_reset() -> None:
-    gc.collect()
-    if DEV == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
-
-
-def mem_peak() -> dict[str, float]:
-    if DEV != "cuda":
-        return {}
-    return {
-        "max_allocated_GiB": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-        "max_reserved_GiB": round(torch.cuda.max_memory_reserved() / 2**30, 2),
-    }
-
-
-def log(*a: Any) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
-
-
-def versions() -> dict[str, Any]:
-    import importlib.metadata as md
-
-    v: dict[str, Any] = {"python": platform.python_version()}
-    for p in ["torch", "transformers", "accelerate", "trl", "datasets", "tokenizers", "pyarrow",
-              "huggingface-hub", "fsspec", "dill", "multiprocess", "xxhash", "peft", "numpy",
-              "pandas", "safetensors", "jinja2"]:  # fmt: skip
-        try:
-            v[p] = md.version(p)
-        except Exception as e:
-            v[p] = f"missing ({type(e).__name__})"
-    if DEV == "cuda":
-        props = torch.cuda.get_device_properties(0)
-        v["gpu"] = props.name
-        v["gpu_mem_GiB"] = round(props.total_memory / 2**30, 1)
-        v["cuda"] = torch.version.cuda
-    return v
-
-
-def arith(rng: random.Random) -> tuple[str, str]:
-    """One arithmetic question (the prompts when no GSM8K file is given) and its answer."""
-    a, b = rng.randint(2, 999), rng.randint(2, 999)
-    op = rng.choice(["+", "-", "*"])
-    ans = {"+": a + b, "-": a - b, "*": a * b}[op]
-    return f"What is {a} {op} {b}? Show your reasoning, then give the final answer.", str(ans)
 
 
 def build_tokenizer() -> Any:
@@ -203,16 +160,6 @@ def load_model() -> Any:
 
     model: Any = AutoModelForCausalLM.from_pretrained(MDIR, dtype=torch.bfloat16)
     return model.to(DEV)
-
-
-def prompts_messages(n: int) -> list[dict[str, Any]]:
-    """``n`` chat prompts (arithmetic questions) with their answers, the same on every call."""
-    rng = random.Random(1)
-    rows = []
-    for _ in range(n):
-        q, a = arith(rng)
-        rows.append({"prompt": [{"role": "user", "content": q}], "answer": a})
-    return rows
 
 
 def phase_ref(tok: Any) -> dict[str, Any]:
