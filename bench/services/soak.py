@@ -44,6 +44,7 @@ import psutil
 
 from arbiter.procs import ManagedProcess, free_port, redis_process, service_process
 from bench.services.soak_hostile import hostile
+from bench.services.soak_stack import run_on_stack
 
 RECIPE = {"components": [
     {"name": "math_accuracy", "weight": 1.0}, {"name": "format", "weight": 0.5},
@@ -222,7 +223,7 @@ async def recheck(url: str, stats: Stats) -> int:
     return len(stats.wrong) - before
 
 
-def start_stack(workdir: Path) -> dict[str, ManagedProcess]:
+def stack(workdir: Path) -> dict[str, ManagedProcess]:
     rport, vport, eport, gport = (free_port() for _ in range(4))
     procs = {
         "redis": redis_process(rport, log_path=workdir / "redis.log"),
@@ -235,9 +236,6 @@ def start_stack(workdir: Path) -> dict[str, ManagedProcess]:
             "GATEWAY_EMBEDDING_URL": f"http://127.0.0.1:{eport}",
             "REDIS_URL": f"redis://127.0.0.1:{rport}/0"}, workdir / "gateway.log"),
     }  # fmt: skip
-    for proc in procs.values():
-        proc.start()
-        proc.wait_ready(180)
     return procs
 
 
@@ -281,13 +279,10 @@ def run(
     seconds: float = 60, clients: int = 8, with_faults: bool = False, with_hostile: bool = True
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="arbiter-soak-") as tmp:
-        procs = start_stack(Path(tmp))
-        try:
-            url = f"http://127.0.0.1:{procs['gateway'].port}"
-            return asyncio.run(soak(url, procs, seconds, clients, with_faults, with_hostile))
-        finally:
-            for proc in reversed(procs.values()):
-                proc.stop()
+        procs = stack(Path(tmp))
+        return run_on_stack(
+            procs, lambda url: soak(url, procs, seconds, clients, with_faults, with_hostile)
+        )
 
 
 def main() -> None:

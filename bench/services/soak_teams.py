@@ -48,6 +48,7 @@ import psutil
 
 from arbiter.keys import create
 from arbiter.procs import ManagedProcess, free_port, redis_process, service_process
+from bench.services.soak_stack import run_on_stack
 
 SECRET = "soak-secret-" + "s" * 40
 LEAVER_RPM = 240
@@ -249,7 +250,7 @@ async def faults(procs: dict[str, ManagedProcess], seconds: float, t0: float,
                     "ready_at_s": round(time.monotonic() - t0, 1)})  # fmt: skip
 
 
-def start_stack(workdir: Path, keys: Path) -> dict[str, ManagedProcess]:
+def stack(workdir: Path, keys: Path) -> dict[str, ManagedProcess]:
     rport, vport, gport = (free_port() for _ in range(3))
     procs = {
         "redis": redis_process(rport, workdir / "redis.log", data_dir=workdir / "redis"),
@@ -262,9 +263,6 @@ def start_stack(workdir: Path, keys: Path) -> dict[str, ManagedProcess]:
             "GATEWAY_ENVIRONMENT": "production",
             "GATEWAY_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S)}, workdir / "gateway.log"),
     }  # fmt: skip
-    for proc in procs.values():
-        proc.start()
-        proc.wait_ready(180)
     return procs
 
 
@@ -373,13 +371,8 @@ def run(seconds: float = 60, baseline_s: float = 10, logs: Path | None = None) -
             for name, limits in quotas.items()
         }
         keys["admin"] = create(path, "ops", secret=SECRET, admin=True)[0]
-        procs = start_stack(Path(tmp), path)
-        try:
-            url = f"http://127.0.0.1:{procs['gateway'].port}"
-            return asyncio.run(soak(url, procs, keys, seconds, baseline_s))
-        finally:
-            for proc in reversed(procs.values()):
-                proc.stop()
+        procs = stack(Path(tmp), path)
+        return run_on_stack(procs, lambda url: soak(url, procs, keys, seconds, baseline_s))
 
 
 def main() -> None:
