@@ -1,8 +1,9 @@
 """A sandbox's command line: ``bwrap`` around an interpreter that boots the harness.
 
 ``bwrap_argv`` builds the namespaces, mounts and environment that ``jail.py`` describes;
-``compiled_harness`` is what the interpreter reads first (``BOOT``): ``harness.py`` and
-``runners.py`` as one program, compiled once by the same interpreter.
+``compiled_harness`` is what the interpreter reads first (``BOOT``): ``harness.py``,
+``zygote.py``, ``compare.py`` and ``runners.py`` as one program, compiled once by the same
+interpreter.
 """
 
 from __future__ import annotations
@@ -16,21 +17,25 @@ from pathlib import Path
 
 from arbiter.services.sandbox.settings import SandboxSettings
 
+PARTS = ("harness", "zygote", "compare", "runners")  # in this order: each uses those before
+
 
 def _one_program() -> str:
-    """``harness.py`` then ``runners.py`` as one source: the runners' ``__future__`` import
-    and their import of the harness (for tools and tests) dropped, the rest as written."""
+    """The sandbox's files as one source, in ``PARTS`` order: from each after the first,
+    its ``__future__`` import and its imports of the others (for tools and tests) dropped,
+    the rest as written."""
     here = Path(__file__).parent
-    runners = (here / "runners.py").read_text()
-    lines = runners.split("\n")
-    for node in ast.parse(runners).body:
-        if isinstance(node, ast.ImportFrom) and node.module in (
-            "__future__",
-            __package__ + ".harness",
-        ):
-            end = node.end_lineno or node.lineno
-            lines[node.lineno - 1 : end] = [""] * (end - node.lineno + 1)
-    return (here / "harness.py").read_text() + "\n" + "\n".join(lines)
+    ours = {"__future__", *(f"{__package__}.{part}" for part in PARTS)}
+    sources = []
+    for k, part in enumerate(PARTS):
+        text = (here / f"{part}.py").read_text()
+        lines = text.split("\n")
+        for node in ast.parse(text).body if k else []:
+            if isinstance(node, ast.ImportFrom) and node.module in ours:
+                end = node.end_lineno or node.lineno
+                lines[node.lineno - 1 : end] = [""] * (end - node.lineno + 1)
+        sources.append("\n".join(lines))
+    return "\n".join(sources)
 
 
 HARNESS = _one_program()
@@ -98,9 +103,9 @@ def bwrap_argv(settings: SandboxSettings) -> list[str]:
     # / and /dev are bwrap's own tmpfs, writable and unbounded unless made read-only: only
     # each job's /tmp (bounded in bytes and inodes) takes writes
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]
-    # the zygote mounts each job's /tmp in namespaces of its own user namespace; every job
-    # drops it (harness.drop_capabilities) before anything of the job runs
-    argv += ["--cap-add", "CAP_SYS_ADMIN"]
+    # the zygote makes each job's namespaces (its /tmp mounted, its loopback up) in its own
+    # user namespace; every job drops both (harness.drop_capabilities) before it runs
+    argv += ["--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_NET_ADMIN"]
     argv += ["--setenv", "PATH", "/usr/local/bin:/usr/bin:/bin", "--setenv", "HOME", "/tmp"]
     argv += ["--setenv", "LANG", "C.UTF-8"]
     return [*argv, "--", exe, "-I", "-S", "-c", BOOT]

@@ -1,19 +1,6 @@
-"""The program inside each sandbox, standard library only: a zygote, and the plumbing of
-each job (children, their pipes and limits, the answer).
-
-**The zygote.** Started ahead of need (``bwrap --as-pid-1 … python3 -I -S -c <boot>``: the
-interpreter reads the code object of this file and ``runners.py``, compiled once by the
-service, from its stdin), it says ``{"ready": true}`` on stdout and then serves jobs, one at
-a time, for as long as the service keeps it: each job arrives as a file descriptor on its
-stdin (a unix socket, ``SCM_RIGHTS``) holding the marshalled job, never as bytes the zygote
-reads, so no job ever passes through its memory. For each job it forks a process that
-makes fresh mount, PID and IPC namespaces, mounts a fresh empty ``/tmp`` tmpfs (bytes and
-inodes bounded) and forks the **job's PID 1**, which drops every capability (the zygote
-keeps ``CAP_SYS_ADMIN`` of its user namespace to mount), reads the job, runs its program in
-child processes under resource limits (``runners.py``), writes one JSON line with the
-results on stdout and exits; the kernel then kills whatever is left in its namespace, and
-the zygote writes ``#exit STATUS`` once it is gone. A job costs two forks, three
-namespaces and a mount (~2 ms) instead of a new bwrap and interpreter (~12 ms).
+"""The program inside each sandbox, standard library only: the plumbing of each job
+(children, their pipes and limits, the answer). ``zygote.py`` runs the jobs, ``runners.py``
+says what each kind of job does; ``bwrap.py`` joins the three into one program.
 
 Why a PID 1 per job: signals from inside its namespace that it has no handler for never
 reach it (a program cannot kill its runner), ``kill(-1, SIGKILL)`` from it kills every
@@ -31,7 +18,6 @@ from __future__ import annotations
 # processes are forks of it.
 import _signal as signal
 import ctypes
-import marshal
 import os
 import resource
 import select
@@ -220,10 +206,11 @@ class Run:
             self.status = os.waitpid(self.pid, 0)[1]
 
     def finish(self):
-        """Kill the child and everything it started; close the fds."""
+        """Kill the child and everything it started, then read what they left in the pipes
+        (nothing writes to them any more); close the fds."""
         self.kill()
-        self.drain()
         sweep()
+        self.drain()
         for fd in [*self.fds, self.pidfd]:
             os.close(fd)
         self.fds = {}
@@ -295,96 +282,3 @@ def dump(value):
 ESCAPES = {chr(i): f"\\u{i:04x}" for i in range(32)}
 ESCAPES.update({'"': '\\"', "\\": "\\\\"})
 ESCAPES.update({chr(i): "\ufffd" for i in range(0xD800, 0xE000)})
-
-
-# ------------------------------------------------------------------ the zygote
-
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID = 0x20000, 0x08000000, 0x20000000
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
-CAP_VERSION_3 = 0x20080522
-
-
-def serve(answer_job):
-    """The zygote's loop: ready, then one job per descriptor received on stdin, until EOF."""
-    import socket
-
-    signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-    libc = ctypes.CDLL(None, use_errno=True)
-    control = socket.socket(fileno=0)
-    write_all(b'{"ready": true}\n')
-    while True:
-        try:
-            data, fds, _, _ = socket.recv_fds(control, 64, 1)
-        except OSError:
-            os._exit(1)
-        if not data:
-            os._exit(0)
-        tmp = data.decode("ascii", "replace").encode()  # the tmpfs options, "size=…,nr_inodes=…"
-        if len(fds) != 1:
-            write_all(b"#exit 255\n")
-            continue
-        pid = os.fork()
-        if pid == 0:
-            job_process(libc, control, fds[0], tmp, answer_job)
-        os.close(fds[0])
-        status = os.waitpid(pid, 0)[1]
-        write_all(b"#exit %d\n" % os.waitstatus_to_exitcode(status))
-
-
-def job_process(libc, control, job_fd, tmp, answer_job):
-    """Fresh namespaces and /tmp, then the job's PID 1; exits as it does. Never returns."""
-    os.close(control.detach())
-    os.open("/dev/null", os.O_RDONLY)  # fd 0 again: the children's pipes never take it
-    try:
-        check(libc, libc.unshare(CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWPID), "unshare")
-        check(libc, libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount /")
-        flags = MS_NOSUID | MS_NODEV
-        check(libc, libc.mount(b"tmpfs", b"/tmp", b"tmpfs", flags, b"mode=1777," + tmp), "tmpfs")
-        pid = os.fork()
-    except OSError as exc:
-        write_all(dump({"sandbox_error": f"the job's namespaces: {exc}"}).encode() + b"\n")
-        os._exit(1)
-    if pid == 0:
-        code = 1
-        try:
-            drop_capabilities(libc)
-            os.chdir("/tmp")  # the fresh one: the zygote's cwd is the /tmp beneath it
-            with open(job_fd, "rb") as f:
-                job = marshal.loads(f.read())  # the service's own bytes
-            answer = answer_job(job)
-            write_all(dump(answer).encode("utf-8", "replace") + b"\n")
-            code = 0
-        finally:
-            os._exit(code)
-    os.close(job_fd)
-    os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) & 0xFF)
-
-
-def check(libc, result, what):
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def drop_capabilities(libc):
-    """No capability left in any set (ambient ones go with the permitted set): the job's
-    processes run as the sandbox's plain user."""
-
-    class Header(ctypes.Structure):
-        _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-    class Data(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_uint32) for n in ("effective", "permitted", "inheritable")]
-
-    header, data = Header(CAP_VERSION_3, 0), (Data * 2)()
-    check(libc, libc.capset(ctypes.byref(header), data), "capset")
-    check(libc, libc.capget(ctypes.byref(header), data), "capget")
-    if any(d.effective or d.permitted or d.inheritable for d in data):
-        raise OSError(1, "capabilities left after capset")
-
-
-def write_all(data):
-    """``data`` to stdout (the service's pipe), unbuffered: no fork repeats it."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(1, view) :]

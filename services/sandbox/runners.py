@@ -1,8 +1,8 @@
 """The sandbox's three kinds of job, run by the harness (``harness.py``) as PID 1.
 
-The sandbox gets this file appended to ``harness.py`` as one program (``bwrap.py`` drops
-the import of the harness below, which is only for tools and tests); it runs with the
-same few standard-library modules.
+The sandbox gets this file after ``harness.py``, ``zygote.py`` and ``compare.py`` as one
+program (``bwrap.py`` drops the imports of those below, which are only for tools and
+tests); it runs with the same few standard-library modules.
 
 - ``tests``: ``program`` then ``tests`` (Python prepared by the service: each test wrapped
   in ``__arbiter_begin__/__arbiter_pass__/__arbiter_fail__`` calls) run in one child; each
@@ -20,6 +20,7 @@ import os
 import resource
 import time
 
+from arbiter.services.sandbox.compare import plain_eq, plain_in  # dropped there too
 from arbiter.services.sandbox.harness import (  # one program in the sandbox: dropped there
     CODE_NAME,
     Budget,
@@ -27,9 +28,9 @@ from arbiter.services.sandbox.harness import (  # one program in the sandbox: dr
     cut,
     no_dump,
     nonce,
-    serve,
     sweep,
 )
+from arbiter.services.sandbox.zygote import serve  # dropped there too
 
 # ------------------------------------------------------------------ tests (in process)
 
@@ -89,73 +90,12 @@ def tests_child(program, tests, start, stop_on_fail, nonce):
     say("E", -1)
 
 
-# An assert's ``==`` and ``in`` (``programs._Compares``) compare builtin values, which no
-# program can redefine: a subclass (Counter, namedtuple, an int with its own __eq__) as its
-# base type; another object equals only one of its very type, by its ``__eq__`` (in a list
-# or tuple: member by member; in a dict or set: never).
-SCALARS = (type(None), bool, int, float, complex, str, bytes)
-VIEWS: tuple[type, ...] = (type({}.keys()), type({}.items()))
-
-
-class NotPlain(Exception):
-    pass
-
-
-def plain(value):
-    if type(value) in SCALARS:
-        return value
-    if isinstance(value, dict):  # the builtin's own methods: a subclass cannot lie to them
-        return {plain(k): plain(v) for k, v in dict.items(value)}
-    if isinstance(value, list):
-        return [plain(v) for v in list.__iter__(value)]
-    if isinstance(value, tuple):
-        return tuple(plain(v) for v in tuple.__iter__(value))
-    if isinstance(value, set):
-        return {plain(v) for v in set.__iter__(value)}
-    if isinstance(value, frozenset):
-        return frozenset(plain(v) for v in frozenset.__iter__(value))
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return float.__float__(value)
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, bytes | bytearray):
-        return bytes(value)
-    if type(value) in VIEWS:  # set-like, as Python compares them
-        return frozenset(plain(v) for v in value)
-    raise NotPlain
-
-
-def plain_eq(a, b):
-    try:
-        return plain(a) == plain(b)
-    except NotPlain:
-        pass
-    if type(a) is not type(b) or isinstance(a, dict | set | frozenset):
-        return False
-    if type(a) in (list, tuple):  # plain containers of other objects: member by member
-        return len(a) == len(b) and all(map(plain_eq, a, b))
-    return a == b
-
-
-def plain_in(a, b):
-    try:
-        a = plain(a)
-    except NotPlain:
-        return any(plain_eq(a, x) for x in b)
-    if type(b) is range:
-        return a in b
-    try:
-        return a in plain(b)
-    except NotPlain:  # a container of the program's own: its members, compared as above
-        return any(plain_eq(a, x) for x in b)
-
-
 class TestsRun(Run):
     def __init__(self, budget, job, start, nonce):
         self.nonce = nonce
         self.parsed: list[tuple[str, int, str]] = []
+        # a start and an outcome per test, and the end: more is a program forging frames
+        self.frames_left = 2 * (job["n_tests"] - start) + 4
         args = (job["program"], job["tests"], start, job["stop_on_fail"], nonce)
         super().__init__(budget, "/dev/null", tests_child, args)
 
@@ -171,6 +111,10 @@ class TestsRun(Run):
             parts = raw.decode("utf-8", "replace").split(" ", 3)
             try:
                 if len(parts) >= 3 and parts[0] == self.nonce:
+                    self.frames_left -= 1
+                    if self.frames_left < 0:
+                        self.over = "result too large"
+                        break
                     self.parsed.append((parts[1], int(parts[2]), "".join(parts[3:])))
                     continue
             except ValueError:
@@ -191,6 +135,7 @@ def run_tests(job, budget):
     a test that overruns or kills its child fails, and a new child goes on after it."""
     n, per_test = job["n_tests"], job["timeout_s"]
     results: list[tuple[bool, str] | None] = [None] * n
+    begun = set()  # tests that started: a test's clock starts once, however often it says so
     start = 0
     while start < n:
         run = TestsRun(budget, job, start, nonce())
@@ -202,7 +147,8 @@ def run_tests(job, budget):
                 break
             run.step(until)
             for kind, index, reason in run.frames():
-                if kind == "S" and 0 <= index < n:
+                if kind == "S" and 0 <= index < n and index not in begun:
+                    begun.add(index)
                     current, progressed, clock = index, True, time.monotonic()
                 elif kind in ("P", "F") and 0 <= index < n and results[index] is None:
                     results[index] = (kind == "P", "" if kind == "P" else reason or "failed")
@@ -256,6 +202,13 @@ def run_tests(job, budget):
     return {"results": results}
 
 
+def _unlink(path):
+    try:  # noqa: SIM105
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def _colon(text):
     return f": {text}" if text else ""
 
@@ -304,10 +257,20 @@ def run_stdio(job, budget):
             results.extend((False, reason) for _ in job["cases"][i:])
             break
         path = f"/tmp/.stdin-{nonce()}"  # a name no earlier test could plant
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        with open(fd, "wb") as f:
-            f.write(case["input"].encode("utf-8", "replace"))
-        run = Run(budget, path, stdio_child, (job["program"],))
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            with open(fd, "wb") as f:
+                f.write(case["input"].encode("utf-8", "replace"))
+            run = Run(budget, path, stdio_child, (job["program"],))
+        except OSError as exc:  # /tmp filled by the program's earlier tests: theirs to fail
+            _unlink(path)
+            results.append((False, f"the test's input could not be written: {exc.strerror}"))
+            if job["stop_on_fail"]:
+                results.extend(
+                    (False, "not run: an earlier test failed") for _ in job["cases"][i + 1 :]
+                )
+                break
+            continue
         os.unlink(path)
         timed_out = not run.pump(min(budget.deadline, time.monotonic() + job["timeout_s"]))
         run.finish()

@@ -5,9 +5,11 @@ the host's kernel. The filter refuses, with EPERM, the calls that reach into oth
 processes (``ptrace``, ``process_vm_readv``/``writev``, ``pidfd_getfd``: a program could
 take its runner's pipe to the service), those that expose the kernel's riskier surfaces
 (keyrings, ``bpf``, perf events, ``userfaultfd``, ``io_uring``) and those that hold memory
-outside the sandbox's limits (``memfd_create``, ``memfd_secret``, ``shmget``: a file in
-memory written and never mapped, or a System V segment filled and detached, escapes
-RLIMIT_AS and /tmp's size), and kills a process that calls
+outside the sandbox's limits (``memfd_create``, ``memfd_secret``, ``shmget``, ``semget``,
+``msgget``: a file in memory written and never mapped, or System V segments, semaphore
+arrays and queues, escape RLIMIT_AS and /tmp's size) or change another process's limits
+(``prlimit64`` with a pid: a program could starve its runner of descriptors), and kills a
+process that calls
 through another ABI (x32, i386), where the numbers below would not hold. Everything else
 is allowed: an interpreter and its programs need the rest.
 """
@@ -24,7 +26,7 @@ import struct
 # the limits (memfd_*, shmget), and kills a process that calls through another ABI (x32, i386).
 # Numbers per architecture.
 SECCOMP_DENY = {
-    # machine: (AUDIT_ARCH_*, {syscall: number})
+    # machine: (AUDIT_ARCH_*, {syscall: number}, prlimit64's number)
     "x86_64": (
         0xC000003E,
         {
@@ -32,8 +34,10 @@ SECCOMP_DENY = {
             "add_key": 248, "request_key": 249, "keyctl": 250, "bpf": 321,
             "perf_event_open": 298, "userfaultfd": 323, "io_uring_setup": 425,
             "io_uring_enter": 426, "io_uring_register": 427, "pidfd_getfd": 438,
-            "memfd_create": 319, "memfd_secret": 447, "shmget": 29,
+            "memfd_create": 319, "memfd_secret": 447, "shmget": 29, "semget": 64,
+            "msgget": 68,
         },
+        302,  # prlimit64: refused for any process but the caller's own
     ),
     "aarch64": (
         0xC00000B7,
@@ -42,8 +46,10 @@ SECCOMP_DENY = {
             "add_key": 217, "request_key": 218, "keyctl": 219, "bpf": 280,
             "perf_event_open": 241, "userfaultfd": 282, "io_uring_setup": 425,
             "io_uring_enter": 426, "io_uring_register": 427, "pidfd_getfd": 438,
-            "memfd_create": 279, "memfd_secret": 447, "shmget": 194,
+            "memfd_create": 279, "memfd_secret": 447, "shmget": 194, "semget": 190,
+            "msgget": 186,
         },
+        261,
     ),
 }  # fmt: skip
 
@@ -54,7 +60,7 @@ def seccomp_filter(machine: str | None = None) -> bytes | None:
     found = SECCOMP_DENY.get(machine or platform.machine())
     if found is None:
         return None
-    audit_arch, numbers = found
+    audit_arch, numbers, prlimit = found
 
     def op(code: int, jt: int, jf: int, k: int) -> bytes:
         return struct.pack("<HBBI", code, jt, jf, k)
@@ -66,4 +72,14 @@ def seccomp_filter(machine: str | None = None) -> bytes | None:
         out += [op(jge, 0, 1, 0x40000000), op(ret, 0, 0, kill)]
     for number in sorted(numbers.values()):
         out += [op(jeq, 0, 1, number), op(ret, 0, 0, eperm)]
+    # prlimit64(pid, ...) with a pid other than 0 (itself): a program could lower its
+    # runner's limits (same user) and make it fail; args[0] is at offset 16 (low word), 20
+    out += [
+        op(jeq, 0, 5, prlimit),  # not prlimit64: on to the allow
+        op(ld, 0, 0, 16),
+        op(jeq, 0, 2, 0),  # low word not 0: refused
+        op(ld, 0, 0, 20),
+        op(jeq, 1, 0, 0),  # high word 0 too: allowed
+        op(ret, 0, 0, eperm),
+    ]
     return b"".join([*out, op(ret, 0, 0, allow)])

@@ -47,16 +47,39 @@ def test_stdout_is_compared_up_to_trailing_whitespace(got: str, want: str, same:
     assert same_output(got, want) is same
 
 
+def run_filter(code: bytes, arch: int, nr: int, args: tuple[int, ...] = ()) -> int:
+    """What the kernel would do: classic BPF over ``struct seccomp_data`` (the few
+    instructions the filter uses: load a word, jump if equal or greater, return)."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
+    ops = [struct.unpack("<HBBI", code[i : i + 8]) for i in range(0, len(code), 8)]
+    acc, pc = 0, 0
+    while True:
+        op, jt, jf, k = ops[pc]
+        if op == 0x20:  # BPF_LD | BPF_W | BPF_ABS
+            acc = struct.unpack_from("<I", data, k)[0]
+        elif op in (0x15, 0x35):  # BPF_JMP | BPF_JEQ / BPF_JGE, K
+            pc += jt if (acc == k if op == 0x15 else acc >= k) else jf
+        elif op == 0x06:
+            return k
+        else:
+            raise AssertionError(f"instruction {op:#x} not expected")
+        pc += 1
+
+
 @pytest.mark.parametrize("machine", sorted(SECCOMP_DENY))
-def test_the_seccomp_filter_checks_the_arch_then_refuses_each_call(machine: str) -> None:
+def test_the_seccomp_filter_refuses_each_call_and_prlimit_of_another_process(machine: str) -> None:
     code = seccomp_filter(machine)
     assert code is not None and len(code) % 8 == 0
-    ops = [struct.unpack("<HBBI", code[i : i + 8]) for i in range(0, len(code), 8)]
-    audit_arch, numbers = SECCOMP_DENY[machine]
-    assert ops[0] == (0x20, 0, 0, 4) and ops[1][3] == audit_arch  # the arch, first
-    assert ops[-1] == (0x06, 0, 0, 0x7FFF0000)  # allowed unless refused
-    refused = {k for op, _, _, k in ops if op == 0x15} - {audit_arch}
-    assert refused == set(numbers.values())
+    arch, numbers, prlimit = SECCOMP_DENY[machine]
+    allow, eperm, kill = 0x7FFF0000, 0x00050001, 0x80000000
+    for number in numbers.values():
+        assert run_filter(code, arch, number) == eperm
+    assert run_filter(code, arch, 0) == allow  # read(2)
+    assert run_filter(code, arch, numbers["ptrace"] + 1000) == allow
+    assert run_filter(code, arch ^ 1, 0) == kill  # another ABI: killed
+    assert run_filter(code, arch, prlimit, (0, 7)) == allow  # its own limits
+    assert run_filter(code, arch, prlimit, (1, 7)) == eperm  # its runner's
+    assert run_filter(code, arch, prlimit, (1 << 32, 7)) == eperm
 
 
 def test_an_unknown_architecture_gets_no_filter() -> None:

@@ -2,9 +2,8 @@
 after it, to the zygote itself, and to its own answer.
 
 One sandbox (``SANDBOX_WORKERS=1``, no spare) runs every job, so a job that leaves
-something behind meets the next one. An attack that works is a finding: its test is a
-strict xfail saying what it shows (it starts failing once the sandbox is fixed, and the
-marker goes). The others check that the attack is refused.
+something behind meets the next one. Each test checks that an attack is refused;
+the comment above a test says what the attack did before the sandbox was fixed against it.
 """
 
 from __future__ import annotations
@@ -96,12 +95,9 @@ def f():
 """
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: kill(0, SIGKILL) kills the job's first fork (the zygote's process "
-    "group); the zygote writes '#exit' while the job's PID 1 still runs, takes the next job, "
-    "and the next job (any team's) gets the first job's answer",
-)
+# Was a finding (fixed): kill(0, SIGKILL) kills the job's first fork (the zygote's process group);
+# the zygote writes '#exit' while the job's PID 1 still runs, takes the next job, and the next job
+# (any team's) gets the first job's answer
 def test_a_job_cannot_answer_for_the_next_job(url: str) -> None:
     attacker = _score(url, "assert f() == 1\n", SIGNAL_THE_GROUP.format(sig="SIGKILL", sleep=1.5))
     # a wrong program, sent next: its own answer comes after the attacker's (3 s vs 1.5 s)
@@ -110,11 +106,8 @@ def test_a_job_cannot_answer_for_the_next_job(url: str) -> None:
     assert attacker["scores"] == [1.0], attacker  # it got null: '#exit -9' read as its answer
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: kill(0, SIGSTOP) stops the job's first fork; the zygote waits on it, "
-    "its '#exit' never comes and the sandbox is killed 5 s (RETIRE_S) after the answer",
-)
+# Was a finding (fixed): kill(0, SIGSTOP) stops the job's first fork; the zygote waits on it, its
+# '#exit' never comes and the sandbox is killed 5 s (RETIRE_S) after the answer
 def test_stopping_the_jobs_first_fork_does_not_cost_the_sandbox(url: str) -> None:
     _settled(url)
     started = _metric(url, "sandbox_started_total")
@@ -126,12 +119,9 @@ def test_stopping_the_jobs_first_fork_does_not_cost_the_sandbox(url: str) -> Non
     assert _metric(url, "sandbox_started_total") == started
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: SIGINT keeps Python's handler in the zygote and the job's PID 1, so "
-    "neither ignores it: a failing program's score becomes a null sandbox_error (masked in "
-    "training); kill(0, SIGINT) also kills the zygote",
-)
+# Was a finding (fixed): SIGINT keeps Python's handler in the zygote and the job's PID 1, so
+# neither ignores it: a failing program's score becomes a null sandbox_error (masked in training);
+# kill(0, SIGINT) also kills the zygote
 @pytest.mark.parametrize("target", ["1", "0"], ids=["pid-1", "process-group"])
 def test_sigint_cannot_turn_a_failure_into_a_sandbox_error(url: str, target: str) -> None:
     _settled(url)
@@ -143,12 +133,9 @@ def test_sigint_cannot_turn_a_failure_into_a_sandbox_error(url: str, target: str
     assert _metric(url, "sandbox_started_total") == started
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: prlimit(1, ...) is allowed on PID 1 (same uid): a program lowers its "
-    "runner's RLIMIT_NOFILE and crashes, PID 1 cannot open the next test's pipes and the "
-    "failing response is null sandbox_error instead of 0",
-)
+# Was a finding (fixed): prlimit(1, ...) is allowed on PID 1 (same uid): a program lowers its
+# runner's RLIMIT_NOFILE and crashes, PID 1 cannot open the next test's pipes and the failing
+# response is null sandbox_error instead of 0
 def test_a_program_cannot_set_its_runners_limits(url: str) -> None:
     program = (
         "import os, resource\ndef f(i):\n    if i == 0:\n"
@@ -158,12 +145,9 @@ def test_a_program_cannot_set_its_runners_limits(url: str) -> None:
     assert body["scores"] == [0.0], body
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a listening socket sent over a unix socket to itself (SCM_RIGHTS "
-    "cycle) outlives the job's processes until the kernel's unix GC runs; the next job's "
-    "connect to that port or abstract name succeeds on the shared loopback",
-)
+# Was a finding (fixed): a listening socket sent over a unix socket to itself (SCM_RIGHTS cycle)
+# outlives the job's processes until the kernel's unix GC runs; the next job's connect to that port
+# or abstract name succeeds on the shared loopback
 def test_a_socket_kept_in_flight_does_not_outlive_its_job(url: str) -> None:
     leave = (
         "import socket\ndef f(port):\n    srv = socket.socket()\n"
@@ -187,12 +171,9 @@ def test_a_socket_kept_in_flight_does_not_outlive_its_job(url: str) -> None:
         assert body["scores"] == [1.0], body["info"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: semget and msgget are allowed; System V semaphore arrays (2 MB of "
-    "kernel memory per call) and message queues hold memory outside RLIMIT_AS and /tmp, "
-    "as shmget did before seccomp refused it",
-)
+# Was a finding (fixed): semget and msgget are allowed; System V semaphore arrays (2 MB of kernel
+# memory per call) and message queues hold memory outside RLIMIT_AS and /tmp, as shmget did before
+# seccomp refused it
 def test_system_v_semaphores_and_queues_hold_no_memory_beyond_the_limit(url: str) -> None:
     program = (
         "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
@@ -268,13 +249,10 @@ def test_the_process_limit_counts_the_programs_processes_only(url: str) -> None:
     assert body["scores"] == [1.0], body["info"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: after a child ends, PID 1 drains its result pipe until it is empty and "
-    "keeps every frame with the nonce (found in memory) unread; a grandchild that keeps the "
-    "pipe full holds PID 1 there, past the test's timeout, and its memory (no RLIMIT_AS) grows "
-    "without bound (~190 MB/s here) until the service's backstop",
-)
+# Was a finding (fixed): after a child ends, PID 1 drains its result pipe until it is empty and
+# keeps every frame with the nonce (found in memory) unread; a grandchild that keeps the pipe full
+# holds PID 1 there, past the test's timeout, and its memory (no RLIMIT_AS) grows without bound
+# (~190 MB/s here) until the service's backstop
 def test_result_frames_cannot_grow_the_runners_memory(service: tuple[str, int]) -> None:
     url, pid = service
     program = """
@@ -301,12 +279,9 @@ def f():
     assert largest < MEMORY_MB, f"a process of the sandbox held {largest} MB"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding: a stdio program that fills /tmp leaves PID 1 no room for the next test's "
-    "input (after an empty input, or any smaller one): PID 1 dies on ENOSPC and the failing "
-    "response is null sandbox_error",
-)
+# Was a finding (fixed): a stdio program that fills /tmp leaves PID 1 no room for the next test's
+# input (after an empty input, or any smaller one): PID 1 dies on ENOSPC and the failing response
+# is null sandbox_error
 def test_a_full_tmp_fails_the_next_stdio_test_not_the_sandbox(url: str) -> None:
     program = """
 import sys
