@@ -23,7 +23,8 @@ import struct
 # A seccomp filter (classic BPF, as bwrap --seccomp reads it) that refuses, with EPERM, the
 # system calls that reach into other processes (ptrace, process_vm_*) or expose the kernel's
 # riskier surfaces (keyrings, bpf, perf events, userfaultfd, io_uring) or hold memory outside
-# the limits (memfd_*, shmget), and kills a process that calls through another ABI (x32, i386).
+# the limits (memfd_*, System V IPC) or change another process's (prlimit64), and kills a process
+# that calls through another ABI (x32, i386).
 # Numbers per architecture.
 SECCOMP_DENY = {
     # machine: (AUDIT_ARCH_*, {syscall: number}, prlimit64's number)
