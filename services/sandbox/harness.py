@@ -36,9 +36,14 @@ def nonce():
 
 
 def cut(text, n=REASON_CHARS):
-    """``text`` on one line, at most ``n`` characters, valid Unicode."""
+    """``text`` on one line, at most ``n`` characters, valid Unicode, no control characters
+    (each would take 6 bytes in the answer): at most ~4 bytes a character in the answer."""
     text = " ".join(str(text).split()).encode("utf-8", "replace").decode("utf-8")
+    text = text.translate(CONTROLS)
     return text if len(text) <= n else text[: n - 1] + "…"
+
+
+CONTROLS = {i: "?" for i in [*range(32), 127]}
 
 
 def no_dump():

@@ -55,7 +55,8 @@ JOBS = Counter("sandbox_jobs_total", "Jobs sent to sandboxes (one per response).
 
 
 READY_TIMEOUT_S = 10.0
-ANSWER_LIMIT = 4 << 20  # bytes of the harness's answer line
+ANSWER_LIMIT = 4 << 20  # bytes of the harness's answer line, at least
+ANSWER_PER_TEST = 2048  # and per test: a reason is at most ~1.2 KB (harness.cut)
 STDERR_LIMIT = 8192  # of the harness's own stderr, kept for the log
 RETIRE_S = 5.0  # an answered job's namespace is gone within this, or the sandbox is killed
 
@@ -243,7 +244,7 @@ class Pool:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 start_new_session=True,  # its own process group: one killpg ends it
-                limit=ANSWER_LIMIT,
+                limit=max(ANSWER_LIMIT, ANSWER_PER_TEST * self.settings.max_tests),
                 cwd="/",
                 env={},
                 pass_fds=fds,

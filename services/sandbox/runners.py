@@ -115,7 +115,7 @@ class TestsRun(Run):
                     if self.frames_left < 0:
                         self.over = "result too large"
                         break
-                    self.parsed.append((parts[1], int(parts[2]), "".join(parts[3:])))
+                    self.parsed.append((parts[1], int(parts[2]), cut("".join(parts[3:]))))
                     continue
             except ValueError:
                 pass
@@ -271,7 +271,7 @@ def run_stdio(job, budget):
                 )
                 break
             continue
-        os.unlink(path)
+        _unlink(path)  # the program may have removed it already
         timed_out = not run.pump(min(budget.deadline, time.monotonic() + job["timeout_s"]))
         run.finish()
         if run.over:

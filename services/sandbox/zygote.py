@@ -3,20 +3,21 @@
 Started ahead of need (``bwrap --as-pid-1 … python3 -I -S -c <boot>``: the interpreter
 reads the code object of ``harness.py``, this file, ``compare.py`` and ``runners.py``,
 compiled once by the service, from its stdin), it says ``{"ready": true}`` on stdout and
-then serves jobs, one at a time, for as long as the service keeps it. Each job arrives as
-a file descriptor on its stdin (a unix socket, ``SCM_RIGHTS``) holding the marshalled job,
-never as bytes the zygote reads, so no job passes through its memory (which every later
-job inherits). For each job it forks a process that makes fresh mount, PID, IPC and
-network namespaces (loopback up), mounts a fresh empty ``/tmp`` tmpfs (bytes and inodes
-bounded) and forks the **job's PID 1**. That one starts a session of its own (no process
-of the job shares a process group with the zygote), drops every capability (the zygote
-keeps ``CAP_SYS_ADMIN`` and ``CAP_NET_ADMIN`` of its user namespace for the namespaces),
-bounds its own memory, reads the job, runs it (``runners.py``), writes one JSON line with
-the results on stdout and exits; the kernel then kills whatever is left in its namespace,
-and the zygote writes ``#exit STATUS`` once it is gone. A zygote whose job process was
-killed by a signal exits (nothing of a job can send one: the sandbox is not sound), and
-the service replaces it. A job costs two forks, four namespaces and a mount (~2.5 ms)
-instead of a new bwrap and interpreter (~12 ms).
+then serves jobs, one at a time, for as long as the service keeps it. Each job arrives as a
+file descriptor on its stdin (a unix socket, ``SCM_RIGHTS``) holding the marshalled job,
+never as bytes the zygote reads, so no job passes through its memory (which every later job
+inherits). For each job it forks a process that makes fresh mount, PID, IPC and network
+namespaces (loopback up), mounts a fresh empty ``/tmp`` tmpfs (bytes and inodes bounded)
+and a devpts instance of its own, and forks the **job's PID 1**. That one starts a session
+of its own (no process of the job shares a process group with the zygote), drops every
+capability (the zygote keeps ``CAP_SYS_ADMIN`` and ``CAP_NET_ADMIN`` of its user namespace
+for the namespaces), bounds its own memory, reads the job, runs it (``runners.py``), writes
+one JSON line with the results on stdout and exits; the kernel then kills whatever is left
+in its namespace, and the zygote writes ``#exit STATUS`` once it is gone (and has the
+kernel collect any descriptor the job left in flight in a unix socket). A zygote whose job
+process was killed by a signal exits (nothing of a job can send one: the sandbox is not
+sound), and the service replaces it. A job costs two forks, four namespaces and a mount
+(~2.5 ms) instead of a new bwrap and interpreter (~12 ms).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from arbiter.services.sandbox.harness import (  # one program in the sandbox: dr
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x8000000, 0x20000000, 0x40000000
 SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
-MS_NOSUID, MS_NODEV, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x4000, 0x40000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 0x2, 0x4, 0x8, 0x4000, 0x40000
 CAP_VERSION_3 = 0x20080522
 
 
@@ -66,6 +67,11 @@ def serve(answer_job):
         status = os.waitpid(pid, 0)[1]
         if os.WIFSIGNALED(status):  # nothing of a job can signal it: the sandbox is not sound
             os._exit(1)
+        # a descriptor the job sent into a unix socket of its own (a cycle) outlives its
+        # processes, holding what it refers to (its /tmp's memory, a pty, a lock) until the
+        # kernel's unix garbage collection runs: closing a unix socket starts it
+        for end in socket.socketpair():
+            end.close()
         write_all(b"#exit %d\n" % os.waitstatus_to_exitcode(status))
 
 
@@ -81,6 +87,14 @@ def job_process(libc, control, job_fd, tmp, answer_job):
         check(libc, libc.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount /")
         flags = MS_NOSUID | MS_NODEV
         check(libc, libc.mount(b"tmpfs", b"/tmp", b"tmpfs", flags, b"mode=1777," + tmp), "tmpfs")
+        # its own ptys: the sandbox's devpts is shared by its jobs (a pty kept alive in flight
+        # would be a channel to the next job); /dev/ptmx is bwrap's link to pts/ptmx
+        pts = b"newinstance,ptmxmode=0666,mode=0620"
+        check(
+            libc,
+            libc.mount(b"devpts", b"/dev/pts", b"devpts", MS_NOSUID | MS_NOEXEC, pts),
+            "devpts",
+        )
         pid = os.fork()
     except OSError as exc:
         write_all(dump({"sandbox_error": f"the job's namespaces: {exc}"}).encode() + b"\n")
