@@ -31,6 +31,7 @@ import os
 import random
 import time
 import traceback
+import warnings
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,6 +45,8 @@ import torch  # after the offline settings above
 from bench.trainer.trl_common import (
     DEV,
     arith,
+    checkpointing_arg,
+    checkpointing_on,
     log,
     mem_peak,
     mem_reset,
@@ -211,9 +214,7 @@ def phase_ref(tok: Any) -> dict[str, Any]:
     ids = torch.randint(0, len(tok), (NSEQ, seq_len), device=DEV)
     for key, ckpt in [("train_step", False), ("train_step_grad_ckpt", True)]:
         if ckpt:
-            model.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False}
-            )
+            checkpointing_on(model)
         if DEV == "cuda":
             torch.cuda.reset_peak_memory_stats()
         times = []
@@ -294,14 +295,13 @@ def phase_trl(tok: Any, bs: int, ga: int, tag: str, gc_flag: bool | None = None)
         return o
 
     model.generate = timed_generate
-    extra: dict[str, Any] = {} if gc_flag is None else {"gradient_checkpointing": gc_flag}
     args = GRPOConfig(
         output_dir=f"/tmp/grpo_{tag}", per_device_train_batch_size=bs,
         gradient_accumulation_steps=ga, num_generations=G, max_completion_length=MAX_NEW,
         max_steps=STEPS, learning_rate=1e-6, bf16=DEV == "cuda", use_cpu=DEV != "cuda",
         report_to="none", logging_steps=1, save_strategy="no", seed=0, temperature=1.0,
         dataloader_num_workers=0, disable_tqdm=True,
-        **extra,
+        **checkpointing_arg(gc_flag),
     )  # fmt: skip
     shown = ["beta", "num_iterations", "loss_type", "scale_rewards", "generation_batch_size",
              "steps_per_generation", "optim", "gradient_checkpointing", "use_vllm", "top_k",
@@ -309,6 +309,11 @@ def phase_trl(tok: Any, bs: int, ga: int, tag: str, gc_flag: bool | None = None)
              "mask_truncated_completions"]  # fmt: skip
     res["trl_defaults"] = {k: getattr(args, k, None) for k in shown}
     log(tag, "config", res["trl_defaults"])
+    # TRL 1.16 itself still calls transformers' old gradient_checkpointing names around
+    # generation (trl/models/utils.py); this script uses the new ones where they exist
+    warnings.filterwarnings(
+        "ignore", r"`(is_)?gradient_checkpointing\w*` is deprecated", FutureWarning
+    )
     trainer = GRPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=ds,
                           processing_class=tok, callbacks=[Timer()])  # fmt: skip
     t0 = time.perf_counter()

@@ -80,3 +80,32 @@ def prompts_messages(n: int) -> list[dict[str, Any]]:
         q, a = arith(rng)
         rows.append({"prompt": [{"role": "user", "content": q}], "answer": a})
     return rows
+
+
+def checkpointing_on(model: Any) -> None:
+    """Activation checkpointing by transformers' current name (``gradient_checkpointing_*``
+    is deprecated from 5.2x), by the old one on an older transformers."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def checkpointing_arg(flag: bool | None) -> dict[str, Any]:
+    """GRPOConfig's checkpointing setting, under the current name where transformers has it
+    (the old one warns); None keeps TRL's default (on)."""
+    import dataclasses
+
+    from trl import GRPOConfig
+
+    fields = {f.name: f for f in dataclasses.fields(GRPOConfig)}
+    if flag is None:
+        flag = bool(fields["gradient_checkpointing"].default)
+    name = (
+        "activation_checkpointing"
+        if "activation_checkpointing" in fields
+        else "gradient_checkpointing"
+    )
+    return {name: flag}
