@@ -1,25 +1,22 @@
 """The bubblewrap sandboxes: zygotes started ahead of need, one job at a time each.
 
-A sandbox is ``bwrap`` running the harness (``harness.py`` and ``runners.py``) in new
-user, PID, network, IPC, UTS and cgroup namespaces, with a read-only view of the
-interpreter (``/usr``, the ``/lib*`` links, the interpreter's own prefix when it lives
-elsewhere, its site-packages hidden under empty tmpfs), ``/`` and a minimal ``/dev``
-read-only, no ``/proc``; no environment (``--clearenv``), no network (a new network
-namespace: only its own loopback), no new user namespaces inside, a new session (no
-terminal to push input into), ``--die-with-parent``, and the seccomp filter of
-``seccomp.py``. It keeps ``CAP_SYS_ADMIN`` of its own user namespace, and only its zygote
-does: each job runs in fresh mount, PID and IPC namespaces with a fresh ``/tmp`` of
-``SANDBOX_TMP_MB`` and ``SANDBOX_TMP_INODES`` (the only writable place), under a PID 1 that
-drops every capability first (``harness.serve``). Run as root, the service starts it as
-``SANDBOX_UID`` (nobody): the kernel enforces ``RLIMIT_NPROC`` only on a user other than
-root, and the count is per user namespace.
+A sandbox is ``bwrap`` (its command line: ``bwrap.py``) running the harness (``harness.py``,
+``zygote.py``, ``compare.py``, ``runners.py``) in new user, PID, network, IPC, UTS and
+cgroup namespaces, with a read-only view of the interpreter, ``/`` and a minimal ``/dev``
+read-only, no ``/proc``, no environment, no new user namespaces inside, a new session,
+``--die-with-parent`` and the seccomp filter of ``seccomp.py``. Its zygote keeps
+``CAP_SYS_ADMIN`` and ``CAP_NET_ADMIN`` of its own user namespace and runs each job in fresh
+mount, PID, IPC and network namespaces with a fresh ``/tmp`` (``SANDBOX_TMP_MB``,
+``SANDBOX_TMP_INODES``) and ptys of its own, under a PID 1 that drops every capability first
+(``zygote.serve``). Run as root, the service starts it as ``SANDBOX_UID`` (nobody): the
+kernel enforces ``RLIMIT_NPROC`` only on a user other than root.
 
 Starting a sandbox costs ~12 ms of CPU (bwrap, the interpreter); a job in a started one
-~2 ms. ``Pool`` keeps ``workers + spare`` started; a job takes a free one, sends it the
-job as a file descriptor (a sealed memfd: the zygote never reads it), reads one JSON line
-back, and returns it to the pool once the zygote reports the job's namespace gone. Past
-its deadline (the harness keeps its own; this is the backstop), or when its caller leaves,
-the whole sandbox is killed and a new one starts in the background.
+~2.5 ms. ``Pool`` keeps ``workers + spare`` started; a job takes a free one, sends it the
+job as a file descriptor (a memfd: the zygote never reads it), reads one JSON line back,
+and returns it to the pool once the zygote reports the job's namespace gone. Past its
+deadline (the harness keeps its own; this is the backstop), or when its caller leaves, the
+whole sandbox is killed and a new one starts in the background.
 """
 
 from __future__ import annotations
