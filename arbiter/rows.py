@@ -11,7 +11,13 @@ dataset as its authors publish it, with the policy's ``responses`` added (or
   sanitized set's ``test_imports``): the reference is the imports, the setup code and the
   ``assert`` lines, one program;
 - stdin/stdout (``prompt`` or ``question``, with ``inputs`` and ``outputs`` lists, or APPS's
-  ``input_output`` JSON): the reference is ``[{"input", "output"}, ...]`` as JSON.
+  ``input_output`` JSON): the reference is ``[{"input", "output"}, ...]`` as JSON;
+- GSM8K (``question, answer``, the answer's worked solution ending ``#### 42``): the prompt
+  is the question, the reference the part after ``####``.
+
+A line of no known shape is sent as a group; a field a group does not have is refused
+here, with the formats this command reads (not the server's "Extra inputs are not
+permitted").
 
 Each response is the program: its last fenced code block, else the whole text (the
 sandbox's rule). A HumanEval ``completion`` that only continues the prompt (a function
@@ -26,8 +32,17 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from arbiter.proto.components import ScoreGroup
+
 HUMANEVAL = ("task_id", "prompt", "test", "entry_point")
 MBPP = ("task_id", "code", "test_list")
+GROUP_FIELDS = frozenset(ScoreGroup.model_fields)
+FORMATS = (
+    "a group (id, prompt, reference, responses), or a row of HumanEval (task_id, prompt, "
+    "test, entry_point), MBPP (task_id, text, code, test_list), APPS/stdin-stdout "
+    "(question, input_output or inputs/outputs) or GSM8K (question, answer) with the "
+    "policy's responses (or completions, or completion) added"
+)
 
 
 class RowError(ValueError):
@@ -39,13 +54,15 @@ class RowError(ValueError):
 
 
 def shape(row: dict[str, Any]) -> str:
-    """``humaneval``, ``mbpp``, ``stdio`` or ``group`` (anything else: sent as it is)."""
+    """``humaneval``, ``mbpp``, ``stdio``, ``gsm8k`` or ``group`` (anything else)."""
     if "test_list" in row:
         return "mbpp"
     if "entry_point" in row and "test" in row:
         return "humaneval"
     if "input_output" in row or ("inputs" in row and "outputs" in row):
         return "stdio"
+    if "question" in row and "answer" in row:
+        return "gsm8k"
     return "group"
 
 
@@ -55,6 +72,9 @@ def as_group(row: dict[str, Any], canonical: bool = False) -> dict[str, Any]:
     if kind == "group":
         if canonical:
             raise RowError("canonical_solution", "--canonical needs HumanEval or MBPP rows")
+        unknown = sorted(set(row) - GROUP_FIELDS)
+        if unknown:
+            raise RowError(unknown[0], f"not a field of any format this reads: {FORMATS}")
         return row
     if kind == "humaneval":
         prompt = _text(row, "prompt")
@@ -70,6 +90,11 @@ def as_group(row: dict[str, Any], canonical: bool = False) -> dict[str, Any]:
         reference = "\n".join(line for line in [*setup, *tests] if line.strip())
         if canonical:
             responses = [_text(row, "code")]
+    elif kind == "gsm8k":
+        prompt = _text(row, "question")
+        reference = _gsm8k_final(_text(row, "answer"))
+        if canonical:
+            raise RowError("canonical_solution", "--canonical needs HumanEval or MBPP rows")
     else:
         prompt = _text(row, "prompt") if "prompt" in row else _text(row, "question")
         reference = json.dumps(_stdio(row))
@@ -84,6 +109,14 @@ def as_group(row: dict[str, Any], canonical: bool = False) -> dict[str, Any]:
         "reference": reference,
         "responses": responses,
     }
+
+
+def _gsm8k_final(answer: str) -> str:
+    """GSM8K's final answer: what follows the solution's last ``####``."""
+    _, sep, final = answer.rpartition("####")
+    if not sep or not final.strip():
+        raise RowError("answer", "a GSM8K answer ends with '#### <final answer>'")
+    return final.strip()
 
 
 def _text(row: dict[str, Any], field: str, default: str | None = None) -> str:

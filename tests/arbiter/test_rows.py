@@ -90,6 +90,23 @@ def test_a_group_passes_through_unchanged() -> None:
     assert as_group(group) is group
 
 
+def test_gsm8k_row_becomes_question_and_final_answer() -> None:
+    row = {
+        "question": "Tom has 3 apples and buys 4. How many?",
+        "answer": "He has 3 + 4 = <<3+4=7>>7 apples.\n#### 7",
+        "responses": ["<answer>7</answer>"],
+    }
+    group = as_group(row)
+    assert group == {"prompt": row["question"], "reference": "7", "responses": row["responses"]}
+
+
+def test_an_unknown_field_names_the_formats_read() -> None:
+    with pytest.raises(RowError) as err:
+        as_group({"prompt": "p", "solution": "s", "responses": ["x"]})
+    assert err.value.field == "solution"
+    assert "GSM8K (question, answer)" in str(err.value) and "HumanEval" in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("row", "field"),
     [
@@ -107,9 +124,11 @@ def test_a_group_passes_through_unchanged() -> None:
         ({**MBPP, "responses": [1]}, "responses"),
         # --canonical on plain groups: there is no dataset solution
         ({"prompt": "p", "reference": "r", "responses": ["x"]}, "canonical_solution"),
+        # GSM8K's answer must end with its final answer
+        ({"question": "q", "answer": "no marker", "responses": ["x"]}, "answer"),
     ],
     ids=["no-responses", "no-entry-point", "tests-not-list", "pairs", "apps-json", "not-text",
-         "canonical-group"],
+         "canonical-group", "gsm8k-no-final"],
 )  # fmt: skip
 def test_a_bad_row_names_its_field(row: dict[str, Any], field: str) -> None:
     with pytest.raises(RowError) as err:
