@@ -81,15 +81,33 @@ Model = TypeVar("Model", bound=BaseModel)
 def score_body(
     groups: Sequence[GroupArg], recipe: RecipeArg, on_error: str = "mask"
 ) -> dict[str, Any]:
-    """The JSON body of ``POST /v1/score``, validated here so bad input fails before sending."""
-    req = ScoreRequest.model_validate(
+    """The JSON body of ``POST /v1/score``, validated here so bad input fails before sending
+    (``Unprocessable`` naming the field, as the gateway would answer)."""
+    req = validated(
+        ScoreRequest,
         {
             "recipe": recipe.model_dump() if isinstance(recipe, Recipe) else recipe,
             "groups": [g.model_dump() if isinstance(g, ScoreGroup) else g for g in groups],
             "on_error": on_error,
-        }
+        },
     )
     return req.model_dump(mode="json", exclude_defaults=False)
+
+
+def validated(model: type[Model], data: Any) -> Model:
+    """``data`` as ``model``; invalid data raises ``Unprocessable`` (an ``ArbiterError``, not
+    pydantic's ``ValidationError``) naming the first bad field, as the gateway's 422 does."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or None
+        message = f"{where}: {first['msg']}" if where else str(first["msg"])
+        n = exc.error_count()
+        more = f" (and {n - 1} more)" if n > 1 else ""
+        raise Unprocessable(
+            f"{message}{more}"[:MAX_MESSAGE_CHARS], param=where, code="validation_error"
+        ) from None
 
 
 def recipe_problem(listing: RecipeList, recipe: RecipeArg) -> ArbiterError | None:
@@ -110,7 +128,7 @@ def recipe_problem(listing: RecipeList, recipe: RecipeArg) -> ArbiterError | Non
         if not info.available:
             return NotConfigured(info.reason or f"recipe {recipe!r} is not available")
         return None
-    inline = recipe if isinstance(recipe, Recipe) else Recipe.model_validate(recipe)
+    inline = recipe if isinstance(recipe, Recipe) else validated(Recipe, recipe)
     for comp in inline.components:
         why = listing.unconfigured.get(comp.name)
         if why is not None:

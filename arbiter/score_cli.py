@@ -129,8 +129,8 @@ async def score_file(
                              f"({', '.join(names)})")  # fmt: skip
         try:
             problem = recipe_problem(listing, recipe)
-        except ValueError as exc:  # an inline recipe that does not validate
-            raise SystemExit(f"arbiter score: --recipe {args.recipe}: {exc}") from None
+        except ArbiterError as exc:  # an inline recipe that does not validate
+            raise SystemExit(f"arbiter score: --recipe {args.recipe}: {exc.message}") from None
         if problem is not None:
             raise SystemExit(f"arbiter score: {problem.message}")
         todo = batches(read_input(Path(args.input), done, args.canonical), args.batch)

@@ -61,6 +61,27 @@ def test_bad_input_raises_with_envelope(gateway_url: str) -> None:
     assert info.value.error is not None and info.value.error.param == "recipe"
 
 
+@pytest.mark.parametrize(
+    ("groups", "recipe", "param"),
+    [
+        ([{"responses": "one text, not a list"}], "gsm8k", "groups.0.responses"),
+        ([{**GROUP, "extra": 1}], "gsm8k", "groups.0.extra"),
+        ([GROUP], {"components": [{"name": "math_accuracy", "weight": "heavy"}]}, None),
+    ],
+    ids=["responses-not-list", "unknown-field", "inline-recipe"],
+)
+def test_invalid_input_raises_arbiter_error_before_sending(
+    groups: list[dict[str, Any]], recipe: Any, param: str | None
+) -> None:
+    client = ArbiterClient("http://127.0.0.1:9", retry=NO_RETRY)  # nothing listens: not sent
+    with pytest.raises(ArbiterError) as info:
+        client.score(groups, recipe)
+    assert info.value.status == 422 and not info.value.retryable
+    assert info.value.code == "validation_error"
+    if param is not None:
+        assert info.value.param == param and param in info.value.message
+
+
 def test_trl_reward_regroups_repeated_prompts(gateway_url: str) -> None:
     # TRL's batch: each prompt repeated num_generations (here 2) times in a row,
     # conversational completions, and the dataset's `answer` column passed as a kwarg.
