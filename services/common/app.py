@@ -17,12 +17,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from arbiter.errors import ArbiterError, BadRequest, Unprocessable, from_status, to_envelope
 from arbiter.proto.common import Health, Readiness
 from arbiter.proto.errors import ErrorResponse
-from arbiter.services.common.disconnect import CancelOnDisconnect
+from arbiter.services.common.disconnect import CLIENT_CLOSED, CancelOnDisconnect, route_path
 from arbiter.services.common.echo import clean_envelope
 from arbiter.services.common.limits import LimitsMiddleware, unreadable_body
 from arbiter.services.common.settings import ServiceSettings
@@ -161,11 +162,18 @@ async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
     return validation_response(exc)
 
 
-async def _http_handler(_: Request, exc: Exception) -> JSONResponse:
+async def _http_handler(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
+    if isinstance(exc.__cause__, ClientDisconnect):  # FastAPI's body read: the client left
+        return await _client_disconnect_handler(_, exc.__cause__)
     if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
         return error_response(unreadable_body(exc.__cause__))  # FastAPI's: not UTF-8, too deep
     return error_response(from_status(exc.status_code, str(exc.detail)))
+
+
+async def _client_disconnect_handler(_: Request, exc: Exception) -> Response:
+    """A route that read the body itself saw its client leave: 499, nobody reads it."""
+    return Response(status_code=CLIENT_CLOSED)
 
 
 async def _error_handler(_: Request, exc: Exception) -> JSONResponse:
@@ -205,11 +213,14 @@ class TimingMiddleware:
         try:
             await self.app(scope, receive, recorder)
         finally:
-            route = scope.get("route")
-            path = getattr(route, "path", "unmatched")
+            path = route_path(scope)
             REQUEST_SECONDS.labels(self.service, path, str(recorder.status)).observe(
                 time.perf_counter() - start
             )
+            if recorder.status == CLIENT_CLOSED:  # the client's choice: info, never an error
+                log.info(
+                    "%s %s: the client disconnected before its answer (499)", scope["method"], path
+                )
 
 
 def create_service_app(
@@ -246,6 +257,7 @@ def create_service_app(
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(ArbiterError, _error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
+    app.add_exception_handler(ClientDisconnect, _client_disconnect_handler)
     app.add_exception_handler(Exception, _error_handler)
     app.include_router(router, responses=ERROR_RESPONSES)
     app.add_api_route("/healthz", healthz, methods=["GET"], tags=["ops"])

@@ -10,7 +10,12 @@ component service sees its own client leave), a verify request's queued pool ite
 embedding batcher's queued texts, the judge's waiting and running calls.
 
 The cancelled request is recorded with status 499 (nginx's "client closed request") and
-nothing is sent: there is nobody to read it. ``CANCELLED`` counts them.
+nothing is sent: there is nobody to read it. ``CANCELLED`` counts them. A client that
+leaves while it is still sending the body is recorded the same way: the limits middleware
+routes the request as usual with ``disconnected`` as its ``receive``, the route's body read
+raises starlette's ``ClientDisconnect``, and the app's handler answers 499 (to nobody)
+under the route it was sent to. A client's choice is never a 5xx; the timing middleware
+logs each 499 at info with its route.
 """
 
 from __future__ import annotations
@@ -30,6 +35,16 @@ CLIENT_CLOSED = 499
 # Listening starts this long after the body is read: a request answered sooner (most of
 # them) costs a timer, not a task; a client that leaves is noticed this much later at most.
 WATCH_AFTER_S = 0.05
+
+
+def route_path(scope: Scope) -> str:
+    """The route template a request was routed to (``/v1/score``), else ``unmatched``."""
+    return str(getattr(scope.get("route"), "path", "unmatched"))
+
+
+async def disconnected() -> Message:
+    """A ``receive`` for a request whose client has left."""
+    return {"type": "http.disconnect"}
 
 
 class CancelOnDisconnect:

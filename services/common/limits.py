@@ -47,6 +47,7 @@ from arbiter.errors import (
     UnsupportedMediaType,
 )
 from arbiter.proto.limits import REQUEST_LIMITS, RequestLimits
+from arbiter.services.common.disconnect import disconnected
 from arbiter.services.common.echo import clean_envelope
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -197,6 +198,7 @@ class LimitsMiddleware:
                     while True:
                         message = await receive()
                         if message["type"] != "http.request":  # the client left while sending
+                            await self.app(scope, disconnected, send)  # routed: a 499
                             return
                         chunk = message.get("body", b"")
                         if size + len(chunk) > self.max_body_bytes:
