@@ -1,10 +1,8 @@
-"""What runs: the program taken from a response, and the tests taken from a reference.
+"""What runs: the tests taken from a reference (the program: ``assemble.py``).
 
 Pure functions, no I/O. The tests are prepared here, in the service, once per group: each
 test becomes a unit the harness can number, skip and report on (``harness.py``).
 
-- A response's program is its last fenced code block (```` ```python … ``` ```` or any
-  other language tag), or the whole response when it has none.
 - A reference is Python test code, a JSON list of ``{"input", "output"}`` pairs, or a JSON
   object ``{"tests": <either>, "entry_point": "name"}``.
 - Python test code: every top-level statement that contains an ``assert`` is one test; in
@@ -18,11 +16,9 @@ from __future__ import annotations
 import ast
 import json
 import re
-import textwrap
 from dataclasses import dataclass
 from typing import Any
 
-FENCE = re.compile(r"^[ \t]*```[^\n`]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 PROMPT_DEF = re.compile(r"^def\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(", re.MULTILINE)
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
@@ -45,13 +41,6 @@ class TestPlan:
             # the inputs only: what a program could find in its memory it could print
             return {"kind": "stdio", "cases": [{"input": c["input"]} for c in self.cases]}
         return {"kind": "tests", "tests": self.code, "n_tests": self.n_tests}
-
-
-def extract_program(response: str) -> str:
-    """The last fenced code block of ``response`` (dedented), or all of it when there is
-    none."""
-    blocks = FENCE.findall(response)
-    return textwrap.dedent(blocks[-1]) if blocks else response
 
 
 def parse_reference(
@@ -140,7 +129,9 @@ def _prepare(tree: ast.Module, entry: str | None, max_tests: int) -> TestPlan:
     else:
         tree.body = _wrap_all(tree.body, counter)
     if counter.n == 0:
-        raise ReferenceError_("the reference's test code holds no assert statement")
+        raise ReferenceError_(
+            "the reference's test code holds no assert statement that depends on the program"
+        )
     if counter.n > max_tests:
         raise ReferenceError_(f"{counter.n} tests; the limit is {max_tests}")
     return TestPlan(
@@ -168,7 +159,20 @@ def _has_assert(node: ast.stmt) -> bool:
 
 
 def _wrap_all(body: list[ast.stmt], counter: _Counter) -> list[ast.stmt]:
-    return [_wrap(_Compares().visit(s), counter) if _has_assert(s) else s for s in body]
+    kept = [s for s in body if not _checks_nothing(s)]
+    return [_wrap(_Compares().visit(s), counter) if _has_assert(s) else s for s in kept] or [
+        ast.Pass()
+    ]
+
+
+def _checks_nothing(stmt: ast.stmt) -> bool:
+    """An assert whose condition names nothing (``assert True``, ``assert 1 == 1``, a
+    constant message aside): it holds whatever the program does, so it is no test
+    (HumanEval's ``check`` functions have such lines). Dropped before the tests are
+    numbered; an assert that makes no call to the program is caught as it runs."""
+    return isinstance(stmt, ast.Assert) and not any(
+        isinstance(n, ast.Name) for n in ast.walk(stmt.test)
+    )
 
 
 # the comparisons an assert makes, and how the harness's hook for each is called

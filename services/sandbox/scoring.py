@@ -34,13 +34,9 @@ from arbiter.proto.components import ComponentGroupResult, ComponentResponse, Co
 from arbiter.proto.errors import ErrorKind, ItemError
 from arbiter.proto.sandbox import CodeTestsRequest, PythonGraderRequest
 from arbiter.services.common.fairness import FairLimiter
+from arbiter.services.sandbox.assemble import Wanted, extract_program, wanted
 from arbiter.services.sandbox.jail import Pool, SandboxFailure
-from arbiter.services.sandbox.programs import (
-    ReferenceError_,
-    TestPlan,
-    extract_program,
-    parse_reference,
-)
+from arbiter.services.sandbox.programs import ReferenceError_, TestPlan, parse_reference
 from arbiter.services.sandbox.runners import output_digest
 from arbiter.services.sandbox.settings import SandboxSettings
 
@@ -93,7 +89,6 @@ class Runner:
         s = self.settings
         return {
             "memory_mb": s.memory_mb,
-            "cpu_s": math.ceil(s.item_timeout_s) + 1,
             "processes": s.max_processes,
             "file_mb": s.max_file_mb,
             "open_files": s.max_open_files,
@@ -126,21 +121,25 @@ class Runner:
     async def code_tests(self, req: CodeTestsRequest, team: str = "") -> ComponentResponse:
         self._check_size(req.groups)
         p = req.params
-        plans: list[TestPlan | str] = []
+        plans: list[tuple[TestPlan, Wanted] | str] = []
         for g in req.groups:
             try:
-                plans.append(
-                    parse_reference(g.reference, g.prompt, p.entry_point, self.settings.max_tests)
+                plan = parse_reference(
+                    g.reference, g.prompt, p.entry_point, self.settings.max_tests
                 )
             except ReferenceError_ as exc:
                 plans.append(str(exc))
+                continue
+            want = wanted(g.reference, g.prompt, p.entry_point, plan.kind == "stdio")
+            plans.append((plan, want))
 
-        async def one(plan: TestPlan | str, response: str) -> Outcome:
-            if isinstance(plan, str):
-                return Outcome(None, "invalid_reference", plan)
+        async def one(planned: tuple[TestPlan, Wanted] | str, response: str) -> Outcome:
+            if isinstance(planned, str):
+                return Outcome(None, "invalid_reference", planned)
+            plan, want = planned
             job = self._job(
                 p.timeout_s,
-                program=extract_program(response),
+                program=extract_program(response, want),
                 stop_on_fail=p.mode == "all",
                 **plan.job(),
             )
@@ -168,6 +167,8 @@ class Runner:
             if isinstance(answer, Outcome):
                 return answer
             cpu = float(answer.get("cpu_s", 0.0))
+            if answer.get("wall"):
+                return _wall_outcome(answer, cpu)
             score = answer.get("score")
             if isinstance(score, float) and math.isfinite(score):
                 return Outcome(score, cpu_s=cpu)
@@ -260,16 +261,39 @@ def _judge_outputs(answer: dict[str, Any], plan: TestPlan) -> None:
             results[i] = [ok, "" if ok else "wrong output"]
 
 
+def _wall_outcome(answer: dict[str, Any], cpu: float) -> Outcome:
+    """The sandbox stopped a test by the wall clock while the host kept it from running,
+    or the item's deadline came first: nothing the program did decided it (retryable)."""
+    return Outcome(
+        None,
+        "timeout",
+        "the program was stopped by the wall clock while the host was busy (or the "
+        "response's deadline passed): not scored, retry it",
+        cpu_s=cpu,
+    )
+
+
 def _tests_outcome(answer: dict[str, Any], n: int, mode: str) -> Outcome:
+    """The score over the real tests: an entry ``null`` is an assert that made no call to
+    the program (it checks nothing of it) and counts neither as passed nor as a test."""
     cpu = float(answer.get("cpu_s", 0.0))
     results = answer.get("results")
     if not isinstance(results, list) or len(results) != n:
         return Outcome(None, "sandbox_error", "the sandbox answered without every test", cpu_s=cpu)
-    passed = [bool(r and r[0]) for r in results]
-    k = sum(passed)
-    score = k / n if mode == "fraction" else float(k == n)
-    failed = {str(i): str(r[1])[:300] for i, r in enumerate(results) if not (r and r[0])}
-    return Outcome(score, info={"passed": k, "tests": n, "failed": failed}, cpu_s=cpu)
+    if answer.get("wall"):
+        return _wall_outcome(answer, cpu)
+    real = [(i, r) for i, r in enumerate(results) if r is not None]
+    if not real:
+        return Outcome(
+            None,
+            "invalid_reference",
+            "no test of the reference calls the program: its asserts check nothing of it",
+            cpu_s=cpu,
+        )
+    k = sum(bool(r and r[0]) for _, r in real)
+    score = k / len(real) if mode == "fraction" else float(k == len(real))
+    failed = {str(i): str(r[1])[:300] for i, r in real if not (r and r[0])}
+    return Outcome(score, info={"passed": k, "tests": len(real), "failed": failed}, cpu_s=cpu)
 
 
 def _group_info(outcomes: list[Outcome]) -> dict[str, Any]:

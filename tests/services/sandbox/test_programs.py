@@ -1,4 +1,5 @@
-"""Programs from responses and tests from references (``programs.py``): pure functions."""
+"""Tests from references (``programs.py``): pure functions. The program from a response:
+``test_assemble.py``."""
 
 from __future__ import annotations
 
@@ -6,21 +7,7 @@ import json
 
 import pytest
 
-from arbiter.services.sandbox.programs import ReferenceError_, extract_program, parse_reference
-
-
-@pytest.mark.parametrize(
-    ("response", "program"),
-    [
-        ("def f():\n    return 1\n", "def f():\n    return 1\n"),  # no fence: all of it
-        ("Sure:\n```python\nx = 1\n```\nDone.", "x = 1\n"),  # one fenced block
-        ("```\nx = 1\n```\nthen\n```py\nx = 2\n```", "x = 2\n"),  # the last one counts
-        ("  ```python\n  y = 3\n  ```", "y = 3\n"),  # indented fences: dedented
-        ("```python\nunclosed = 1\n", "```python\nunclosed = 1\n"),  # not a block: all of it
-    ],
-)
-def test_the_program_is_the_last_fenced_block_or_everything(response: str, program: str) -> None:
-    assert extract_program(response) == program
+from arbiter.services.sandbox.programs import ReferenceError_, parse_reference
 
 
 def test_assert_statements_are_one_test_each_setup_runs_where_it_stands() -> None:
@@ -86,9 +73,22 @@ def test_python_test_code_starting_with_a_bracket_is_still_code() -> None:
         ('[{"input": 1, "output": "1"}]', "reference test 0"),
         ('{"tests": 5}', "expected Python test code"),
         ('{"tests": "assert 1", "entry_point": "not an id"}', "entry_point"),
-        ("assert 1\n" * 10, "limit is 9"),
+        ("assert f()\n" * 10, "limit is 9"),
+        ("assert True\nassert 1 == 1, 'msg'\n", "no assert statement that depends"),
     ],
 )
 def test_unusable_references_say_why(reference: str | None, words: str) -> None:
     with pytest.raises(ReferenceError_, match=words):
         parse_reference(reference, "", None, 9)
+
+
+def test_asserts_that_name_nothing_are_no_tests() -> None:
+    # HumanEval's check functions hold `assert True` lines: they hold for any program
+    tests = (
+        "def check(candidate):\n    assert candidate(1) == 2\n    assert True\n"
+        "    assert True, 'This prints if this assert fails'\n    assert candidate(2) == 3\n"
+    )
+    plan = parse_reference(tests, "", "f", 100)
+    assert plan.n_tests == 2
+    plan = parse_reference("assert 1 == 1\nassert f(1) == 1\nassert -1 < 0\n", "", None, 9)
+    assert plan.n_tests == 1
