@@ -155,6 +155,20 @@ class GatewaySettings(ServiceSettings):
     usage_retention_days: int = Field(
         default=400, ge=1, le=3660, description="How long a team's daily usage is kept in Redis."
     )
+    quota_replicas: int = Field(
+        default=1,
+        ge=1,
+        le=10_000,
+        description="Gateway replicas (pods) sharing the quotas: while Redis cannot be reached, "
+        "each process enforces 1 / (this x GATEWAY_PROCESSES) of every team's quota on its own.",
+    )
+    quota_wait_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="How long a team's quota check waits for its turn at Redis (a quarter of "
+        "GATEWAY_REDIS_MAX_CONNECTIONS per team); past it: 429 quota_busy, Retry-After 1.",
+    )
 
     @field_validator("verify_url", "embedding_url", "judge_url", "sandbox_url", mode="before")
     @classmethod

@@ -45,8 +45,16 @@ class Teams:
                 self.redis, settings.idempotency_ttl_s, settings.idempotency_wait_s
             )
             if store is not None:
-                self.quota = Quota(self.redis)
-                self.ledger = Ledger(self.redis, settings.usage_retention_days)
+                self.quota = Quota(
+                    self.redis,
+                    share=1 / (settings.quota_replicas * settings.processes),
+                    per_team=max(1, settings.redis_max_connections // 4),
+                    wait_s=settings.quota_wait_s,
+                    retry_s=settings.redis_retry_s,
+                )
+                self.ledger = Ledger(
+                    self.redis, settings.usage_retention_days, settings.redis_retry_s
+                )
 
     @property
     def auth(self) -> bool:
@@ -82,5 +90,7 @@ class Teams:
         return await self.ledger.report(start, end, teams)
 
     async def close(self) -> None:
+        if self.ledger is not None:
+            await self.ledger.close()  # what is still buffered, if Redis answers
         if self.redis is not None:
             await self.redis.aclose()
