@@ -54,23 +54,44 @@ def no_dump():
 
 
 class Budget:
-    """The job's shared limits: the item's deadline and the output cap."""
+    """The job's shared limits: the item's deadline, the output cap, and each test's limit:
+    ``cpu_s`` seconds of CPU (RLIMIT_CPU of the process serving that test alone, whole
+    seconds) with a wall-clock backstop ``wall_s``, several times longer, for a program
+    that sleeps or waits."""
 
     def __init__(self, job):
         self.deadline = time.monotonic() + job["item_timeout_s"]
         self.output_left = job["output_limit"]
         self.limits = job["limits"]
+        self.cpu_s = max(1, -int(-job["timeout_s"] // 1))
+        self.wall_s = WALL_FACTOR * self.cpu_s + 1
+        self.timeout = f"timeout ({self.cpu_s:g}s of CPU)"
 
     def left(self):
         return self.deadline - time.monotonic()
 
 
-def limit_child(limits):
+WALL_FACTOR = 2
+
+
+def starved(usages, cpu_s):
+    """Whether processes stopped by the wall-clock backstop were kept from running by the
+    host rather than by their own choice: together they used less CPU than their limit and
+    were preempted (involuntary context switches) at least a quarter as often as they gave
+    the CPU up (sleeping, waiting for input). A program that sleeps or blocks is not
+    starved; one that splits its work over processes counts the CPU of all of them."""
+    cpu = sum(u.ru_utime + u.ru_stime for u in usages)
+    voluntary = sum(u.ru_nvcsw for u in usages)
+    involuntary = sum(u.ru_nivcsw for u in usages)
+    return cpu < cpu_s and involuntary >= 5 and 4 * involuntary >= voluntary
+
+
+def limit_child(limits, cpu_s):
     """In a fresh child, before any program code: rlimits, niceness, no core files."""
     mb = 1 << 20
     for res, soft, hard in (
         (resource.RLIMIT_AS, limits["memory_mb"] * mb, limits["memory_mb"] * mb),
-        (resource.RLIMIT_CPU, limits["cpu_s"], limits["cpu_s"] + 1),  # SIGXCPU, then SIGKILL
+        (resource.RLIMIT_CPU, cpu_s, cpu_s + 1),  # SIGXCPU, then SIGKILL
         (resource.RLIMIT_NPROC, limits["processes"] + ANCESTORS, limits["processes"] + ANCESTORS),
         (resource.RLIMIT_FSIZE, limits["file_mb"] * mb, limits["file_mb"] * mb),
         (resource.RLIMIT_NOFILE, limits["open_files"], limits["open_files"]),
@@ -80,7 +101,7 @@ def limit_child(limits):
     os.setpriority(os.PRIO_PROCESS, 0, limits["nice"])
 
 
-def spawn(budget, stdin_path, child_main, args):
+def spawn(budget, stdin_path, child_main, args, cpu_s=None):
     """Fork a child: fd 0 from the file ``stdin_path``, fd 1/2 to pipes, fd 3 to the result pipe.
     Returns (pid, pidfd, out_r, err_r, res_r)."""
     out_r, out_w = os.pipe()
@@ -101,7 +122,7 @@ def spawn(budget, stdin_path, child_main, args):
             sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
             sys.stdout = open(1, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
             sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
-            limit_child(budget.limits)
+            limit_child(budget.limits, cpu_s or budget.cpu_s)
             code = 0
             child_main(*args)
         except SystemExit as exc:
@@ -138,12 +159,15 @@ def _print_err(text):
 class Run:
     """One child's life seen from PID 1: its output (capped), its result frames, its end."""
 
-    def __init__(self, budget, stdin_path, child_main, args):
+    def __init__(self, budget, stdin_path, child_main, args, cpu_s=None):
         self.budget = budget
-        self.pid, self.pidfd, out_r, err_r, self.res_r = spawn(budget, stdin_path, child_main, args)
+        self.pid, self.pidfd, out_r, err_r, self.res_r = spawn(
+            budget, stdin_path, child_main, args, cpu_s
+        )
         self.fds = {out_r: "out", err_r: "err", self.res_r: "res"}
         self.buf = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
         self.status = None  # wait status once it ended
+        self.usage = []  # rusage of the child and of what the sweep after it reaped
         self.over = None  # "output limit" or "result too large" when cut off
 
     def step(self, until):
@@ -154,7 +178,7 @@ class Run:
         ready, _, _ = select.select([*self.fds, self.pidfd], [], [], wait)
         for fd in ready:
             if fd == self.pidfd:
-                self.status = os.waitpid(self.pid, 0)[1]
+                self.reap()
                 self.drain()
             elif fd in self.fds:
                 self.read(fd)
@@ -202,35 +226,48 @@ class Run:
                 except BlockingIOError:
                     break
 
+    def reap(self):
+        _, self.status, usage = os.wait4(self.pid, 0)
+        self.usage.append(usage)
+
     def kill(self):
         if self.status is None:
             try:  # noqa: SIM105
                 os.kill(self.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self.status = os.waitpid(self.pid, 0)[1]
+            self.reap()
 
     def finish(self):
         """Kill the child and everything it started, then read what they left in the pipes
         (nothing writes to them any more); close the fds."""
         self.kill()
-        sweep()
+        self.usage += sweep()
         self.drain()
         for fd in [*self.fds, self.pidfd]:
             os.close(fd)
         self.fds = {}
 
+    def out_of_cpu(self):
+        """Whether the child was killed for its CPU time (SIGXCPU, or SIGKILL at the hard
+        limit when it ignored that)."""
+        status, usage = self.status, self.usage[:1]
+        if status is None or not os.WIFSIGNALED(status) or not usage:
+            return False
+        cpu = usage[0].ru_utime + usage[0].ru_stime
+        return os.WTERMSIG(status) == signal.SIGXCPU or cpu >= self.budget.cpu_s
+
     def death(self):
         """Why the child ended, in words (its status)."""
         if self.over:
             return self.over
+        if self.out_of_cpu():
+            return f"ran out of CPU time: {self.budget.timeout}"
         status = self.status
         if status is None:
             return "still running"
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            if sig == signal.SIGXCPU:
-                return "hit the CPU time limit"
             if sig == signal.SIGXFSZ:
                 return "hit the file size limit"
             return f"was killed by {SIGNAL_NAMES.get(sig, f'signal {sig}')}"
@@ -242,16 +279,17 @@ class Run:
 
 
 def sweep():
-    """Kill every process of the namespace but this one, and reap them all."""
+    """Kill every process of the namespace but this one, and reap them all: their rusage."""
     try:  # noqa: SIM105
         os.kill(-1, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    usage = []
     while True:
         try:
-            os.waitpid(-1, 0)
+            usage.append(os.wait4(-1, 0)[2])
         except ChildProcessError:
-            return
+            return usage
 
 
 # ------------------------------------------------------------------ the answer

@@ -28,6 +28,7 @@ from arbiter.services.sandbox.harness import (  # one program in the sandbox: dr
     cut,
     no_dump,
     nonce,
+    starved,
     sweep,
 )
 from arbiter.services.sandbox.zygote import serve  # dropped there too
@@ -97,7 +98,8 @@ class TestsRun(Run):
         # a start and an outcome per test, and the end: more is a program forging frames
         self.frames_left = 2 * (job["n_tests"] - start) + 4
         args = (job["program"], job["tests"], start, job["stop_on_fail"], nonce)
-        super().__init__(budget, "/dev/null", tests_child, args)
+        cpu_s = int(job["item_timeout_s"]) + 1
+        super().__init__(budget, "/dev/null", tests_child, args, cpu_s)
 
     def read(self, fd):
         """Parse each read's whole lines at once and drop them: ``FRAME_LIMIT`` bounds what
@@ -135,6 +137,7 @@ def run_tests(job, budget):
     a test that overruns or kills its child fails, and a new child goes on after it."""
     n, per_test = job["n_tests"], job["timeout_s"]
     results: list[tuple[bool, str] | None] = [None] * n
+    wall = False  # the item's deadline came before every test ran: not the program's doing
     begun = set()  # tests that started: a test's clock starts once, however often it says so
     start = 0
     while start < n:
@@ -187,6 +190,7 @@ def run_tests(job, budget):
                 reason = run.over
             elif out_of_time:
                 reason = "not run: out of time"
+                wall = True
             elif overran:
                 reason = f"timeout ({per_test:g}s) before the tests ran"
             else:
@@ -199,7 +203,7 @@ def run_tests(job, budget):
                 results[i] = (False, "not run: an earlier test failed")
             break
         start = rest[0]
-    return {"results": results}
+    return {"results": results, "wall": wall}
 
 
 def _unlink(path):
@@ -217,8 +221,41 @@ def _colon(text):
 
 
 def stdio_child(program):
-    scope = {"__name__": "__main__", "__builtins__": __builtins__}
-    exec(compile(program, "<program>", "exec"), scope)
+    """``python3 prog.py``: the program as ``__main__``, then what the interpreter does at
+    exit: non-daemon threads joined, ``atexit`` handlers run (their output counts)."""
+    scope = {"__name__": "__main__", "__builtins__": with_exit()}
+    try:
+        exec(compile(program, "<program>", "exec"), scope)
+    finally:
+        python_exit()
+
+
+def with_exit():
+    """The builtins with ``exit`` and ``quit``, which ``site`` adds (the sandbox's
+    interpreter runs without it): both raise ``SystemExit`` as there."""
+    import builtins
+
+    def exit(code=None):
+        raise SystemExit(code)
+
+    builtins.exit = builtins.quit = exit
+    return builtins
+
+
+def python_exit():
+    """The interpreter's own shutdown steps, in its order: wait for non-daemon threads,
+    then run the ``atexit`` handlers (a handler's exception is printed, as there)."""
+    import sys
+
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:  # noqa: SIM105
+            threading._shutdown()
+        except BaseException:
+            pass
+    import atexit
+
+    atexit._run_exitfuncs()
 
 
 def output_digest(text):
@@ -250,11 +287,18 @@ def same_output(got, want):
 
 
 def run_stdio(job, budget):
+    """Each case in a child of its own, stdin from a file; a case that overran its CPU
+    fails, one stopped by the wall-clock backstop while starved by the host (or not run
+    before the item's deadline) makes the answer ``wall``: the service's null timeout."""
     results: list[tuple[bool | None, str]] = []
     for i, case in enumerate(job["cases"]):
         if budget.left() <= 0 or budget.output_left < 0:
-            reason = "output limit" if budget.output_left < 0 else "not run: out of time"
-            results.extend((False, reason) for _ in job["cases"][i:])
+            if budget.output_left >= 0:
+                return {
+                    "results": _rest(results, job["cases"], "not run: out of time"),
+                    "wall": True,
+                }
+            results.extend((False, "output limit") for _ in job["cases"][i:])
             break
         path = f"/tmp/.stdin-{nonce()}"  # a name no earlier test could plant
         try:
@@ -272,12 +316,17 @@ def run_stdio(job, budget):
                 break
             continue
         _unlink(path)  # the program may have removed it already
-        timed_out = not run.pump(min(budget.deadline, time.monotonic() + job["timeout_s"]))
+        timed_out = not run.pump(min(budget.deadline, time.monotonic() + budget.wall_s))
         run.finish()
         if run.over:
             results.append((False, run.over))
+        elif timed_out and (budget.left() <= 0 or starved(run.usage, budget.cpu_s)):
+            results.append((False, "stopped by the wall clock: the host was busy"))
+            return {"results": _rest(results, job["cases"], "not run: out of time"), "wall": True}
         elif timed_out:
-            results.append((False, f"timeout ({job['timeout_s']:g}s)"))
+            results.append((False, f"{budget.timeout}: it slept or waited"))
+        elif run.out_of_cpu():
+            results.append((False, budget.timeout))
         elif run.status != 0:
             results.append((False, f"the program {run.death()}" + _colon(run.stderr_tail())))
         else:
@@ -289,6 +338,10 @@ def run_stdio(job, budget):
             )
             break
     return {"results": results}
+
+
+def _rest(results, cases, reason):
+    return results + [(False, reason) for _ in cases[len(results) :]]
 
 
 # ------------------------------------------------------------------ grader
@@ -312,12 +365,16 @@ def run_grader(job, budget):
     tag = nonce()
     sample = {"output_text": job["response"]}
     run = Run(budget, "/dev/null", grader_child, (job["source"], sample, job["item"], tag))
-    timed_out = not run.pump(min(budget.deadline, time.monotonic() + job["timeout_s"]))
+    timed_out = not run.pump(min(budget.deadline, time.monotonic() + budget.wall_s))
     run.finish()
     if run.over:
         return {"error": run.over}
+    if timed_out and (budget.left() <= 0 or starved(run.usage, budget.cpu_s)):
+        return {"error": "stopped by the wall clock: the host was busy", "wall": True}
     if timed_out:
-        return {"error": f"timeout ({job['timeout_s']:g}s)"}
+        return {"error": f"{budget.timeout}: it slept or waited"}
+    if run.out_of_cpu():
+        return {"error": budget.timeout}
     line = bytes(run.buf["res"]).split(b"\n", 1)[0].decode("utf-8", "replace")
     parts = line.split(" ", 2)  # "<nonce> score <repr>" or "<nonce> error <text>"
     if len(parts) != 3 or parts[0] != tag or parts[1] not in ("score", "error"):
