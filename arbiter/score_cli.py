@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import signal
 import sys
@@ -39,7 +40,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from arbiter.client import ArbiterClient, RecipeArg, RetryPolicy, recipe_problem
+from arbiter.client import DEFAULT_URL, ArbiterClient, RecipeArg, RetryPolicy, recipe_problem
 from arbiter.errors import ArbiterError
 from arbiter.proto.gateway import ScoreGroup
 from arbiter.rows import RowError, as_group
@@ -239,6 +240,9 @@ def cmd_score(args: argparse.Namespace) -> int:
     done = read_done(output, summary)
     total = max(count_lines(source), len(done))  # the file's groups, resumed ones included
     console = _console(args.quiet)
+    if not args.quiet:  # which gateway: on a shared machine, not always the one meant
+        url = (args.url or os.environ.get("ARBITER_URL") or DEFAULT_URL).rstrip("/")
+        print(f"arbiter score: gateway {url}", file=sys.stderr)
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("a") as out:
         if out.tell() and not output.read_bytes().endswith(b"\n"):

@@ -19,6 +19,12 @@ persists as in compose, an append-only file fsynced every second (``--appendonly
 --appendfsync everysec``) in ``<logs>/redis``, so the usage ledger, quotas and idempotency
 keys survive a restart of Redis or of ``arbiter up``.
 
+Ports: each service's own setting (gateway 8000, verify 8001, embedding 8002, judge 8003,
+sandbox 8004) and Redis 6379; ``--port-base N`` (or ``ARBITER_PORT_BASE=N``) moves them all
+together, in that order from N, Redis at N+5, so a second stack or a machine where 8000 or
+6379 is taken needs one setting. A single port flag still wins. The banner prints the
+``export ARBITER_URL=...`` line that points clients, the CLI and the trainer at this stack.
+
 Without ``--keys FILE`` the gateway runs without auth (every caller is team
 ``anonymous``); with it, the gateway reads that keys file (``arbiter keys``) and
 ``GATEWAY_KEY_SECRET`` from the environment, and the banner says which.
@@ -51,6 +57,29 @@ def _port_free(port: int) -> bool:
 
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+PORT_BASE_ENV = "ARBITER_PORT_BASE"
+# each process's offset from --port-base: the services in their default ports' order, then Redis
+PORT_OFFSETS = {"gateway": 0, "verify": 1, "embedding": 2, "judge": 3, "sandbox": 4, "redis": 5}
+REDIS_PORT = 6379
+
+
+def resolve_ports(args: argparse.Namespace) -> None:
+    """Fill ``args.<name>_port`` from ``--port-base`` (or ``$ARBITER_PORT_BASE``) where no
+    flag set it; Redis defaults to 6379, the services to their own settings (None here)."""
+    base = getattr(args, "port_base", None)
+    if base is None and os.environ.get(PORT_BASE_ENV):
+        raw = os.environ[PORT_BASE_ENV]
+        if not raw.isdigit():
+            raise SystemExit(f"{PORT_BASE_ENV}={raw!r}: expected a port number, e.g. 28000")
+        base = int(raw)
+    if base is not None and not 1 <= base <= 65535 - max(PORT_OFFSETS.values()):
+        raise SystemExit(f"--port-base {base}: expected 1..{65535 - max(PORT_OFFSETS.values())}")
+    for name, offset in PORT_OFFSETS.items():
+        if getattr(args, f"{name}_port", None) is None:
+            default = REDIS_PORT if name == "redis" else None
+            setattr(args, f"{name}_port", base + offset if base is not None else default)
 
 
 def sandbox_off(args: argparse.Namespace) -> str | None:
@@ -184,6 +213,7 @@ def up(args: argparse.Namespace) -> int:
         log.error("--keys %s: no such file; create it with "
                   "`arbiter keys create --team NAME --file %s`", keys, keys)  # fmt: skip
         return 1
+    resolve_ports(args)
     procs = _plan(args, logs)
     busy = [f"{p.name}:{p.port}" for p in procs if p.port is not None and not _port_free(p.port)]
     if busy:
@@ -233,6 +263,8 @@ def up(args: argparse.Namespace) -> int:
         else:
             print("  auth       off: anyone who reaches the gateway may score "
                   "(arbiter up --keys FILE turns it on)")  # fmt: skip
+        print(f"Point clients, `arbiter score` and the trainer here:\n"
+              f"  export ARBITER_URL={gateway}")  # fmt: skip
         print("Ctrl-C stops everything.", flush=True)
         if not args.once:
             supervisor = Supervisor(started)  # a child that exits is restarted, with back-off

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -74,7 +75,13 @@ class TrainerConfig:
     max_turns: int = _f(4, "Multi-turn only: max model turns per trajectory.")
 
     # --- rewards (gateway)
-    gateway_url: str = _f("http://127.0.0.1:8000", "Arbiter gateway base URL (POST /v1/score).")
+    gateway_url: str = field(
+        default_factory=lambda: os.environ.get("ARBITER_URL") or "http://127.0.0.1:8000",
+        metadata={
+            "help": "Arbiter gateway base URL (POST /v1/score); default $ARBITER_URL, then "
+            "http://127.0.0.1:8000. The run's config.json records the one used."
+        },
+    )
     recipe: Any = field(
         default="gsm8k",
         metadata={"help": "Recipe name registered in the gateway, or an inline recipe mapping."},

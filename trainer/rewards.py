@@ -125,6 +125,7 @@ def check_recipes(cfg: TrainerConfig) -> None:
     ``InvalidRequest``, and the run stops before loading a model. A gateway that cannot be
     reached only warns: the loop rides out an outage (batches skipped)."""
     recipes = [cfg.recipe, cfg.eval_recipe] if cfg.eval_every else [cfg.recipe]
+    log.info("rewards from the gateway at %s", cfg.gateway_url)
     client = ArbiterClient(
         cfg.gateway_url,
         api_key=cfg.api_key or None,

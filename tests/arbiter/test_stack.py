@@ -78,6 +78,35 @@ def test_up_stops_every_child_on_sigterm(tmp_path: Path, gsm8k_dir: Path) -> Non
     assert not any(_listening(p) for p in ports), "a child process outlived SIGTERM"
 
 
+def _free_run(n: int) -> int:
+    """A port N with N..N+n-1 all free (for --port-base)."""
+    for _ in range(50):
+        base = free_port()
+        if base + n <= 65535 and not any(_listening(base + i) for i in range(n)):
+            return base
+    raise RuntimeError("no run of free ports")
+
+
+def test_port_base_moves_every_process_and_prints_arbiter_url(
+    tmp_path: Path, gsm8k_dir: Path
+) -> None:
+    base = _free_run(6)
+    argv = [
+        sys.executable, "-m", "arbiter.cli", "up", "--once", "--no-embedding", "--no-sandbox",
+        "--verify-port", str(_free_run(1)),  # a single flag still wins over the base
+        "--data", str(gsm8k_dir), "--samples", "1", "--logs", str(tmp_path / "logs"),
+    ]  # fmt: skip
+    env = {**os.environ, "ARBITER_PORT_BASE": str(base)}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert f"  gateway    http://127.0.0.1:{base} " in out, out
+    assert f"  redis      redis://127.0.0.1:{base + 5} " in out, out
+    assert f"  verify     http://127.0.0.1:{base + 1} " not in out, out  # its flag won
+    assert f"  export ARBITER_URL=http://127.0.0.1:{base}\n" in out, out
+    assert "math_accuracy=1.000" in out
+
+
 @pytest.mark.parametrize("busy_index", [0])
 def test_up_refuses_busy_ports(tmp_path: Path, gsm8k_dir: Path, busy_index: int) -> None:
     argv, ports = _up_argv(tmp_path, gsm8k_dir, "--once")

@@ -90,3 +90,14 @@ def test_cli_reports_config_error(capsys: pytest.CaptureFixture[str]) -> None:
         main(["model=/m", "group_size=3", "rollouts_per_step=8"])
     assert e.value.code == 2
     assert "rollouts_per_step=6 or 9" in capsys.readouterr().err
+
+
+def test_gateway_url_follows_arbiter_url_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ARBITER_URL", "http://127.0.0.1:28000")
+    assert TrainerConfig(model="m").gateway_url == "http://127.0.0.1:28000"
+    # the shipped configs leave it out: they follow ARBITER_URL too
+    cfg = TrainerConfig.load(REPO / "configs" / "tiny-cpu.yaml")
+    assert cfg.gateway_url == "http://127.0.0.1:28000"
+    assert TrainerConfig(model="m", gateway_url="http://h:1").gateway_url == "http://h:1"
+    monkeypatch.delenv("ARBITER_URL")
+    assert TrainerConfig(model="m").gateway_url == "http://127.0.0.1:8000"
