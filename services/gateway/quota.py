@@ -214,6 +214,8 @@ class Quota:
         if time.monotonic() < self._local_until:
             return self._take_locally(team, rpm, responses, jcap, uses_judge, taken)
         async with self._turn(team):
+            if time.monotonic() < self._local_until:  # Redis failed while this one waited
+                return self._take_locally(team, rpm, responses, jcap, uses_judge, taken)
             owed = self._owed.pop((team, RESPONSES), 0), self._owed.pop((team, JUDGE), 0)
             try:
                 answer = await self._take(

@@ -15,9 +15,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-HEAD = (
-    b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n%s\r\n"
-)
+HEAD = b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n%s\r\n"
 PART = b'{"recipe": "gsm8k", "groups": [{"prompt": "1 + 1?", "reference": "2", "respo'
 
 # (what the client sends before it closes, why)
