@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from arbiter.errors import ArbiterError, BadRequest, Unprocessable, from_status, to_envelope
 from arbiter.proto.common import Health, Readiness
 from arbiter.proto.errors import ErrorResponse
+from arbiter.services.common.apidocs import add_api_docs
 from arbiter.services.common.disconnect import CLIENT_CLOSED, CancelOnDisconnect, route_path
 from arbiter.services.common.echo import clean_envelope
 from arbiter.services.common.limits import LimitsMiddleware, unreadable_body
@@ -253,7 +254,15 @@ def create_service_app(
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    app = FastAPI(title=title, description=description, version="1.0.0", lifespan=lifespan)
+    app = FastAPI(
+        title=title,
+        description=description,
+        version="1.0.0",
+        lifespan=lifespan,
+        docs_url=None,  # /docs and /redoc: served offline by add_api_docs
+        redoc_url=None,
+    )
+    add_api_docs(app)
     app.add_exception_handler(RequestValidationError, _validation_handler)
     app.add_exception_handler(ArbiterError, _error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_handler)
