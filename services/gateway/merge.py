@@ -5,7 +5,9 @@ is checked against the contract as it is merged: a wrong number of groups or sco
 non-finite score, becomes a null with ``bad_response``; a null the component did not
 explain gets ``bad_response`` too, so every null carries a reason. A refused param
 (an ``InvalidRequest`` from the fan-out) is the caller's error: the whole request fails
-with 422 naming it. Successful scores become new cache entries.
+with 422 naming it. Successful scores become new cache entries; a null never does (a
+component answers null ``timeout`` for anything a deadline decided: docs/operations/
+fairness.md), nor a score that comes with an error entry for its index.
 
 ``weigh`` makes the rewards: the weighted sums, null when any weighted component of that
 response is null (a zero-weight component never nulls a reward) or when the sum is not
@@ -86,7 +88,9 @@ def _merge_one(
                 if u not in explained:
                     for j in item.positions[u]:
                         comp.errors[item.g].append((j, "bad_response", f"{name}: null, no reason"))
-            elif not comp.group_level:
+            elif not comp.group_level and u not in explained:
+                # a score with an error entry for it (outside the contract) is not a verdict
+                # to keep: served, never cached
                 writes.append((item.keys[u], repr(score)))
             for j in item.positions[u]:
                 comp.scores[item.g][j] = score
@@ -95,7 +99,7 @@ def _merge_one(
             info = {**info, "sent_indices": [p[0] for p in item.positions]}
         if info:
             comp.info[item.g] = info
-        if comp.group_level and all_ok:
+        if comp.group_level and all_ok and not explained:
             writes.append((item.keys[0], json.dumps({"s": rg.scores, "i": rg.info})))
 
 
