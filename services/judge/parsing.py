@@ -90,8 +90,21 @@ def _check_range(value: float, scale: int, what: str) -> float:
     return value
 
 
-def parse_quality(text: str, scale: int) -> QualityVerdict:
-    """The judge's reply text → a verdict; raises ``JudgeReplyError(judge_parse_error)``."""
+def finish_reason(body: dict[str, Any]) -> str | None:
+    """The first choice's ``finish_reason`` ("length": cut at max_tokens), if any."""
+    try:
+        reason = body["choices"][0].get("finish_reason")
+    except (KeyError, IndexError, TypeError, AttributeError):
+        return None
+    return reason if isinstance(reason, str) else None
+
+
+def parse_quality(text: str, scale: int, cut: bool = False) -> QualityVerdict:
+    """The judge's reply text → a verdict; raises ``JudgeReplyError(judge_parse_error)``.
+
+    ``cut``: the reply stopped at max_tokens. A rating read from its text that ends where the
+    reply ends may be a number cut short ("overall: 1" of "overall: 10"): no verdict, rather
+    than a low score kept in the cache. A complete JSON object is a verdict, cut or not."""
     visible = _THINK.sub("", text)
     if re.search(r"<think>", visible, re.IGNORECASE):
         raise JudgeReplyError("judge_parse_error", "reply ended inside <think> (raise max_tokens)")
@@ -110,6 +123,11 @@ def parse_quality(text: str, scale: int) -> QualityVerdict:
     for pattern, source in ((_OVERALL, "overall_text"), (_SCORE, "score_text")):
         m = pattern.search(visible)
         if m:
+            if cut and not visible[m.end(1) :].strip():
+                raise JudgeReplyError(
+                    "judge_parse_error",
+                    "the reply was cut at max_tokens right after its rating (raise max_tokens)",
+                )
             overall = _check_range(float(m.group(1)), scale, "overall")
             dims = {}
             for d, rx in _DIM.items():

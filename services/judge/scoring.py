@@ -44,6 +44,7 @@ from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.judge.client import ChatClient
 from arbiter.services.judge.parsing import (
     JudgeReplyError,
+    finish_reason,
     first_token_top_logprobs,
     label_probability,
     message_text,
@@ -206,7 +207,8 @@ class Judge:
                 )
             pt, ct = usage_tokens(body)
             try:
-                verdict = parse_quality(message_text(body), params.scale)
+                cut = finish_reason(body) == "length"
+                verdict = parse_quality(message_text(body), params.scale, cut)
             except JudgeReplyError as exc:
                 return self._failed("judge_quality", exc, pt, ct)
         except ArbiterError as exc:

@@ -13,6 +13,7 @@ import pytest
 from arbiter.errors import Unprocessable, from_response
 from arbiter.services.judge.parsing import (
     JudgeReplyError,
+    finish_reason,
     first_token_top_logprobs,
     label_probability,
     message_text,
@@ -94,6 +95,31 @@ def test_parse_quality_texts(text: str, scale: int, overall: float | None) -> No
     assert verdict.overall == overall
     assert verdict.score == pytest.approx((overall - 1) / (scale - 1))
     assert 0.0 <= verdict.score <= 1.0
+
+
+@pytest.mark.parametrize(
+    ("text", "overall"),
+    [
+        ("overall: 1", None),  # cut where "overall: 10" may have gone on: no verdict
+        ("Score: 4   \n", None),  # only whitespace after the number: still cut there
+        ("Score: 4. The answer is right but the last step is", 4.0),  # the rating is whole
+        ('{"overall": 2} and then the reasoning went on and on', 2.0),  # complete JSON
+    ],
+)
+def test_a_reply_cut_at_max_tokens_right_after_its_rating_is_no_verdict(
+    text: str, overall: float | None
+) -> None:
+    if overall is None:
+        with pytest.raises(JudgeReplyError, match="cut at max_tokens"):
+            parse_quality(text, 10, cut=True)
+        assert parse_quality(text, 10).overall in (1.0, 4.0)  # uncut, the same text counts
+        return
+    assert parse_quality(text, 10, cut=True).overall == overall
+
+
+def test_finish_reason_is_read_from_the_body() -> None:
+    assert finish_reason(fixture("quality_text")["response"]) == "length"
+    assert finish_reason({"choices": []}) is None and finish_reason({}) is None
 
 
 def test_quality_real_json_schema_reply() -> None:
