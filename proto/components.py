@@ -8,13 +8,20 @@ every component, so adding a component means adding a service, not a new protoco
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from arbiter.proto.common import ArbiterModel
 from arbiter.proto.errors import ItemError
-from arbiter.proto.limits import MAX_GROUPS, MAX_RESPONSES, MAX_TEXT_CHARS, check_total_chars
+from arbiter.proto.limits import (
+    MAX_GROUPS,
+    MAX_RESPONSES,
+    MAX_TEXT_CHARS,
+    check_json_depth,
+    check_total_chars,
+)
 
 __all__ = ["MAX_GROUPS", "MAX_RESPONSES", "MAX_TEXT_CHARS"]  # re-exported: the contract's bounds
 
@@ -31,6 +38,26 @@ class ScoreGroup(ArbiterModel):
     prompt: str = Field(default="", max_length=MAX_TEXT_CHARS)
     reference: str | None = Field(default=None, max_length=MAX_TEXT_CHARS)
     responses: list[Text] = Field(min_length=1, max_length=MAX_RESPONSES)
+    metadata: Annotated[dict[str, Any], AfterValidator(check_json_depth)] | None = Field(
+        default=None,
+        description="The row's own data, a JSON object of at most "
+        f"{MAX_TEXT_CHARS:,} characters: python_grader passes it to grade() as "
+        "item['metadata'] (and its keys as item's own, as OpenAI's items are the dataset "
+        "row); other components ignore it.",
+    )
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_size(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is None:
+            return None
+        try:
+            size = len(json.dumps(value, allow_nan=False))
+        except (TypeError, ValueError):
+            raise ValueError("not plain JSON (NaN, infinity or another type)") from None
+        if size > MAX_TEXT_CHARS:
+            raise ValueError(f"more than {MAX_TEXT_CHARS} characters as JSON: keep it small")
+        return value
 
 
 class NoParams(ArbiterModel):

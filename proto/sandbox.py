@@ -15,6 +15,7 @@ their params. Every program runs in a bubblewrap sandbox (docs/services/sandbox.
 from __future__ import annotations
 
 import ast
+import math
 from typing import Any, Literal
 
 from pydantic import Field, field_validator
@@ -22,6 +23,7 @@ from pydantic import Field, field_validator
 from arbiter.proto.common import ArbiterModel
 from arbiter.proto.components import ComponentRequest
 from arbiter.proto.gateway import JsonObject
+from arbiter.proto.limits import MAX_WEIGHT
 
 MAX_GRADER_SOURCE_CHARS = 65_536
 MAX_TEST_TIMEOUT_S = 60.0
@@ -53,20 +55,42 @@ class PythonGraderParams(ArbiterModel):
     source: str = Field(
         min_length=1,
         max_length=MAX_GRADER_SOURCE_CHARS,
-        description="Python source defining grade(sample, item) -> float. sample = "
-        '{"output_text": <response>}; item = {"prompt", "reference", "metadata"}. Run in '
-        "the sandbox once per response; an exception, a timeout or a result that is not a "
-        "finite number is null with the reason (grader_error), never 0.",
+        description="Python source defining grade(sample, item) -> float, as OpenAI's Python "
+        'graders do. sample = {"output_text": <response>, "output_json": <the response '
+        'parsed, when it is JSON, else null>}; item = {"prompt", "reference", "metadata"} '
+        "and the metadata's keys. Run in the sandbox once per response; an exception, a "
+        "timeout or a result that is not a finite number inside score_range is null with "
+        "the reason (grader_error), never 0.",
     )
     metadata: JsonObject = Field(
-        default_factory=dict, description="Passed to grade() as item['metadata']."
+        default_factory=dict,
+        description="Passed to grade() as item['metadata'], under each group's own metadata "
+        "(a group's keys win).",
+    )
+    score_range: tuple[float, float] = Field(
+        default=(0.0, 1.0),
+        description="The grades accepted, [min, max] (OpenAI's graders grade from 0 to 1); "
+        "a grade outside it is null grader_error.",
     )
     timeout_s: float = Field(
         default=5.0,
         gt=0,
         le=MAX_TEST_TIMEOUT_S,
-        description="Wall-clock limit of one grade() call, the source's own import included.",
+        description="CPU time of one grade() call, the source's imports included (heavy "
+        "packages take seconds: sklearn, nltk), in whole seconds rounded up; a "
+        "wall-clock backstop stops a grader that sleeps.",
     )
+
+    @field_validator("score_range")
+    @classmethod
+    def _range(cls, bounds: tuple[float, float]) -> tuple[float, float]:
+        lo, hi = bounds
+        if not all(math.isfinite(b) and abs(b) <= MAX_WEIGHT for b in bounds) or lo >= hi:
+            raise ValueError(
+                f"expected [min, max] with min < max, each finite and at most {MAX_WEIGHT:g} "
+                "in size"
+            )
+        return bounds
 
     @field_validator("source")
     @classmethod

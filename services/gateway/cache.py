@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import time
 from collections import OrderedDict
@@ -45,6 +46,8 @@ def _lp(text: str) -> bytes:
 
 def _prefix(comp: BoundComponent, group: ScoreGroup) -> Any:
     h = hashlib.sha256(_lp(comp.spec.cache_name) + _lp(comp.params_json) + _lp(group.prompt))
+    if group.metadata is not None:  # python_grader reads it; a group without keeps its keys
+        h.update(b"M" + _lp(json.dumps(group.metadata, sort_keys=True, separators=(",", ":"))))
     h.update(b"N" if group.reference is None else b"R" + _lp(group.reference))
     return h
 

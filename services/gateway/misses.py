@@ -71,15 +71,19 @@ def chunks(items: list[Item], max_groups: int, max_responses: int) -> list[list[
 def call(comp: ComponentScores, chunk: list[Item], groups: list[ScoreGroup]) -> Call:
     """The ``ComponentRequest`` for ``chunk``, serialised."""
     payload = {
-        "groups": [
-            {
-                "id": groups[it.g].id,
-                "prompt": groups[it.g].prompt,
-                "reference": groups[it.g].reference,
-                "responses": it.texts,
-            }
-            for it in chunk
-        ],
+        "groups": [_group(groups[it.g], it.texts) for it in chunk],
         "params": comp.bound.params,
     }
     return Call(comp, chunk, json.dumps(payload, separators=(",", ":")).encode())
+
+
+def _group(group: ScoreGroup, texts: list[str]) -> dict[str, object]:
+    out: dict[str, object] = {
+        "id": group.id,
+        "prompt": group.prompt,
+        "reference": group.reference,
+        "responses": texts,
+    }
+    if group.metadata is not None:  # only then: every other body stays as it was
+        out["metadata"] = group.metadata
+    return out

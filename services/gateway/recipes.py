@@ -57,12 +57,19 @@ COMPONENTS: dict[str, ComponentSpec] = {
         ComponentSpec("diversity", "embedding", "/v1/diversity", "group", DiversityParams),
         ComponentSpec("judge_quality", "judge", "/v1/quality", "response", QualityParams),
         ComponentSpec("judge_verifier", "judge", "/v1/verifier", "response", VerifierParams),
-        # v2: asserts compare plain values (an object whose __eq__ always says yes scored 1.0)
+        # v2: asserts compare plain values (an object whose __eq__ always says yes scored 1.0);
+        # v3: the program follows the datasets' conventions (a body-only completion scored 0)
         ComponentSpec(
-            "code_tests", "sandbox", "/v1/code_tests", "response", CodeTestsParams, version=2
+            "code_tests", "sandbox", "/v1/code_tests", "response", CodeTestsParams, version=3
         ),
+        # v2: a grade outside params.score_range is null (1e308 was a reward)
         ComponentSpec(
-            "python_grader", "sandbox", "/v1/python_grader", "response", PythonGraderParams
+            "python_grader",
+            "sandbox",
+            "/v1/python_grader",
+            "response",
+            PythonGraderParams,
+            version=2,
         ),
     )
 }

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from arbiter.services.sandbox.packages import grader_binds
 from arbiter.services.sandbox.settings import SandboxSettings
 
 PARTS = ("harness", "zygote", "compare", "runners")  # in this order: each uses those before
@@ -100,6 +101,8 @@ def bwrap_argv(settings: SandboxSettings) -> list[str]:
     # no /proc: nothing there a program needs, and the runner's memory and fds (/proc/1/mem,
     # /proc/1/fd) stay out of reach without making it undumpable
     argv += ["--dev", "/dev", "--chdir", "/tmp"]
+    # python_grader's packages (packages.py), read-only, and one thread each for their libraries
+    argv += grader_binds(settings.python)
     # / and /dev are bwrap's own tmpfs, writable and unbounded unless made read-only: only
     # each job's /tmp (bounded in bytes and inodes) takes writes
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import resource
+import sys
 import time
 
 from arbiter.services.sandbox.compare import plain_eq, plain_in  # dropped there too
@@ -363,8 +364,8 @@ def grader_child(source, sample, item, nonce):
 
 def run_grader(job, budget):
     tag = nonce()
-    sample = {"output_text": job["response"]}
-    run = Run(budget, "/dev/null", grader_child, (job["source"], sample, job["item"], tag))
+    sys.path[:0] = job["import_path"]  # the graders' packages (packages.py), read-only
+    run = Run(budget, "/dev/null", grader_child, (job["source"], job["sample"], job["item"], tag))
     timed_out = not run.pump(min(budget.deadline, time.monotonic() + budget.wall_s))
     run.finish()
     if run.over:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -34,8 +33,10 @@ from arbiter.proto.components import ComponentGroupResult, ComponentResponse, Co
 from arbiter.proto.errors import ErrorKind, ItemError
 from arbiter.proto.sandbox import CodeTestsRequest, PythonGraderRequest
 from arbiter.services.common.fairness import FairLimiter
+from arbiter.services.sandbox import grader
 from arbiter.services.sandbox.assemble import Wanted, extract_program, wanted
 from arbiter.services.sandbox.jail import Pool, SandboxFailure
+from arbiter.services.sandbox.packages import JAIL_SITE
 from arbiter.services.sandbox.programs import ReferenceError_, TestPlan, parse_reference
 from arbiter.services.sandbox.runners import output_digest
 from arbiter.services.sandbox.settings import SandboxSettings
@@ -158,10 +159,18 @@ class Runner:
     async def python_grader(self, req: PythonGraderRequest, team: str = "") -> ComponentResponse:
         self._check_size(req.groups)
         p = req.params
+        # its packages reserve more address space than a program needs (packages.py)
+        limits = {**self.limits(), "memory_mb": self.settings.grader_memory_mb}
 
         async def one(item: dict[str, Any], response: str) -> Outcome:
             job = self._job(
-                p.timeout_s, kind="grader", source=p.source, response=response, item=item
+                p.timeout_s,
+                kind="grader",
+                source=p.source,
+                sample=grader.sample(response),
+                item=item,
+                import_path=[JAIL_SITE],
+                limits=limits,
             )
             answer = await self._run_job(job)
             if isinstance(answer, Outcome):
@@ -170,13 +179,16 @@ class Runner:
             if answer.get("wall"):
                 return _wall_outcome(answer, cpu)
             score = answer.get("score")
-            if isinstance(score, float) and math.isfinite(score):
-                return Outcome(score, cpu_s=cpu)
+            if isinstance(score, float):
+                why = grader.out_of_range(score, p.score_range)
+                if why is None:
+                    return Outcome(score, cpu_s=cpu)
+                return Outcome(None, "grader_error", why, cpu_s=cpu)
             reason = str(answer.get("error") or "grade gave no result")[:500]
             return Outcome(None, "grader_error", reason, cpu_s=cpu)
 
         items = [
-            ({"prompt": g.prompt, "reference": g.reference, "metadata": p.metadata}, r)
+            (grader.item(g.prompt, g.reference, p.metadata, g.metadata), r)
             for g in req.groups
             for r in g.responses
         ]

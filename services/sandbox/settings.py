@@ -67,6 +67,14 @@ class SandboxSettings(ServiceSettings):
     memory_mb: int = Field(
         default=512, ge=64, le=65536, description="Address space per process (RLIMIT_AS)."
     )
+    grader_memory_mb: int = Field(
+        default=2048,
+        ge=64,
+        le=65536,
+        description="Address space per process of a python_grader (RLIMIT_AS): its packages "
+        "reserve more than a program needs (deepdiff with numpy and pandas ~1.4 GB); OpenAI's "
+        "Python graders get 2 GB.",
+    )
     max_processes: int = Field(
         default=8, ge=1, le=1024, description="Processes per sandbox (RLIMIT_NPROC)."
     )
