@@ -23,6 +23,7 @@ suites' canonical solutions and mechanical mutations of them), with no isolation
 from __future__ import annotations
 
 import ast
+import builtins
 import io
 import json
 import os
@@ -111,7 +112,8 @@ def per_test(program: str, tests: str, entry_point: str | None, timeout_s: float
     results: list[bool] = []
     timeouts: list[int] = []
     ignored = 0
-    setup_failed = not loaded
+    setup_failed = False
+    bound = _bound(tree) if not loaded else set()
     for stmt in units:
         code = compile(ast.Module([stmt], []), "<tests>", "exec")
         if not _has_assert(stmt):
@@ -133,7 +135,7 @@ def per_test(program: str, tests: str, entry_point: str | None, timeout_s: float
                 pass
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-        if calls.n > before or setup_failed or _names_program(stmt, program_g, check):
+        if calls.n > before or _names_program(stmt, program_g, check, loaded, bound):
             results.append(passed)
         else:
             ignored += 1
@@ -147,13 +149,31 @@ def _missing(name: str | None) -> Any:
     return call
 
 
-def _names_program(stmt: ast.stmt, program_g: dict[str, Any], check: Any) -> bool:
+def _names_program(
+    stmt: ast.stmt, program_g: dict[str, Any], check: Any, loaded: bool, bound: set[str]
+) -> bool:
     """A test that did not run its calls (it failed before them) still counts when it names
-    the candidate or one of the program's own names."""
+    the candidate or one of the program's own names; when the program did not load, any
+    name the tests neither bind nor find among the builtins is the program's."""
     names = {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name)}
     if check is not None:
         return "candidate" in names
+    if not loaded:
+        return bool(names - bound - set(dir(builtins)))
     return any(_own(program_g.get(n), program_g) for n in names)
+
+
+def _bound(tree: ast.Module) -> set[str]:
+    """The names the test code binds: imports, assignments, definitions, loop targets."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            out.add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+            out.add(node.name)
+        elif isinstance(node, ast.alias):
+            out.add((node.asname or node.name).split(".")[0])
+    return out
 
 
 def _own(value: Any, program_g: dict[str, Any]) -> bool:
