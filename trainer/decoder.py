@@ -247,17 +247,18 @@ def forward(
     attention: str = "eager",  # one of ATTENTIONS; "flex" and "sdpa" apply only when T == 1
     qkv: list[tuple[torch.Tensor, torch.Tensor | None]] | None = None,  # MergedQKV.layers
     shared: tuple[int, int] | None = None,  # (G, slots) for grouped_attention
-) -> torch.Tensor:
+    *,
+    layer_fn: Any = None,  # runs each layer as ``layer_step`` does (e.g. it, compiled)
+    head_fn: Any = None,  # (model, x (B, 1, hidden)) -> the step's result; default: logits
+) -> Any:
     """Logits (B, V) float32 of the last position; K/V of the new tokens written to the cache.
     With ``qkv`` each layer's q, k and v come from one product with its merged weight (the
     model's own q_norm / k_norm still apply to the split q and k). With ``shared`` a one-token
     step's eager attention reads the slots a group's rows share once per group
-    (``grouped_attention``)."""
+    (``grouped_attention``). Every layer runs ``layer_fn`` (default ``layer_step``): the
+    sampler compiles that one function, shared by all layers, instead of the whole step
+    (one small compilation per shape rather than one of every layer unrolled)."""
     inner = model.model
-    h_q, h_kv, d = dims(model)
-    b, t = ids.shape
-    s = mask.shape[-1]
-    fused = attention != "eager" and t == 1
     cos_t, sin_t = rope
     cos = cos_t[pos].unsqueeze(1)  # (B, 1, T, D)
     sin = sin_t[pos].unsqueeze(1)
@@ -265,36 +266,64 @@ def forward(
     bias = torch.zeros(mask.shape, device=ids.device, dtype=torch.float32)
     bias = bias.masked_fill(~mask, neg)[:, None, None]  # (B, 1, 1, T, S)
     x = inner.embed_tokens(ids)
+    run, heads = layer_fn or layer_step, dims(model)
     for li, layer in enumerate(inner.layers):
-        attn = layer.self_attn
-        hs = layer.input_layernorm(x)
-        if qkv is None:
-            q, k, v = attn.q_proj(hs), attn.k_proj(hs), attn.v_proj(hs)
-        else:
-            q, k, v = F.linear(hs, *qkv[li]).split((h_q * d, h_kv * d, h_kv * d), -1)
-        q, k, v = q.view(b, t, h_q, d), k.view(b, t, h_kv, d), v.view(b, t, h_kv, d)
-        if hasattr(attn, "q_norm"):
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q = q * cos + rotate_half(q) * sin
-        k = k * cos + rotate_half(k) * sin
-        write(k_cache[li], k)
-        write(v_cache[li], v)
-        keys = k_cache[li][:, :, :s]  # (B, KVH, S, D)
-        vals = v_cache[li][:, :, :s]
-        if fused:
-            o = fused_attention(q, keys, vals, mask, attn.scaling, attention).to(x.dtype)
-        elif shared is not None and t == 1:
-            o = grouped_attention(q, keys, vals, bias, attn.scaling, x.dtype, *shared)
-        else:
-            o = eager_attention(q, keys, vals, bias, attn.scaling, x.dtype)
-        o = o.transpose(1, 2).reshape(b, t, h_q * d)  # (B, H, T, D) -> (B, T, H * D)
-        x = x + attn.o_proj(o)
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
+        x = run(layer, x, cos, sin, bias, mask, k_cache[li], v_cache[li], write,
+                None if qkv is None else qkv[li], heads, attention, shared)  # fmt: skip
     if last_only:
         x = x[:, -1:]
-    x = inner.norm(x)
-    return model.lm_head(x)[:, -1].float()
+    return (head_fn or logits)(model, x)
+
+
+def logits(model: Any, x: torch.Tensor) -> torch.Tensor:
+    """(B, V) float32 logits of the last position of ``x`` (B, T, hidden)."""
+    return model.lm_head(model.model.norm(x))[:, -1].float()
+
+
+def layer_step(
+    layer: Any,
+    x: torch.Tensor,  # (B, T, hidden)
+    cos: torch.Tensor,  # (B, 1, T, D)
+    sin: torch.Tensor,
+    bias: torch.Tensor,  # (B, 1, 1, T, S) float32
+    mask: torch.Tensor,  # (B, T, S) bool
+    k_cache: torch.Tensor,  # this layer's (B, KVH, C, D)
+    v_cache: torch.Tensor,
+    write: Any,
+    qkv: tuple[torch.Tensor, torch.Tensor | None] | None,  # this layer's MergedQKV entry
+    heads: tuple[int, int, int],  # (query heads, key/value heads, head dim)
+    attention: str = "eager",
+    shared: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """One decoder layer over the cache (``forward``'s body): x after the layer."""
+    h_q, h_kv, d = heads
+    b, t, _ = x.shape
+    s = mask.shape[-1]
+    attn = layer.self_attn
+    hs = layer.input_layernorm(x)
+    if qkv is None:
+        q, k, v = attn.q_proj(hs), attn.k_proj(hs), attn.v_proj(hs)
+    else:
+        q, k, v = F.linear(hs, *qkv).split((h_q * d, h_kv * d, h_kv * d), -1)
+    q, k, v = q.view(b, t, h_q, d), k.view(b, t, h_kv, d), v.view(b, t, h_kv, d)
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    q = q * cos + rotate_half(q) * sin
+    k = k * cos + rotate_half(k) * sin
+    write(k_cache, k)
+    write(v_cache, v)
+    keys = k_cache[:, :, :s]  # (B, KVH, S, D)
+    vals = v_cache[:, :, :s]
+    if attention != "eager" and t == 1:
+        o = fused_attention(q, keys, vals, mask, attn.scaling, attention).to(x.dtype)
+    elif shared is not None and t == 1:
+        o = grouped_attention(q, keys, vals, bias, attn.scaling, x.dtype, *shared)
+    else:
+        o = eager_attention(q, keys, vals, bias, attn.scaling, x.dtype)
+    o = o.transpose(1, 2).reshape(b, t, h_q * d)  # (B, H, T, D) -> (B, T, H * D)
+    x = x + attn.o_proj(o)
+    return x + layer.mlp(layer.post_attention_layernorm(x))
 
 
 def distinct_rows(ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

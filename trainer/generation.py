@@ -71,7 +71,8 @@ class Sampler:
 
     ``use_cuda_graphs``: None = on for CUDA models. ``check_every``: decode steps between
     host checks for "every row has emitted EOS". ``compile``: torch.compile the decode step
-    before capturing it (fewer, fused kernels; compilation costs time once per bucket);
+    before capturing it (fewer, fused kernels): one decoder layer, which every layer runs, and
+    the head with the draw, so a new shape costs one layer's compilation, not the model's;
     None = on for CUDA models, off on the CPU (where the sampler runs eagerly).
     ``keep_cache``: keep each bucket's KV cache and graphs for the next call of the same
     shape; False frees the cache when the call returns (the memory goes back to training).
@@ -142,19 +143,22 @@ class Sampler:
         self._buckets: OrderedDict[tuple[Any, ...], Bucket] = OrderedDict()
         self._rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self._pool: Any = None
-        # compile=True: inductor fuses the decode forward's small kernels (norms, rotary,
-        # softmax) before the graph is captured; one compilation per bucket shape. The blocked
-        # draw is compiled with it (``_decode_sample``); the full-width cumsum draw stays
-        # eager (inductor 2.11 fails to generate code for the 32k-wide cumsum).
+        # compile=True: inductor fuses the decode step's small kernels (norms, rotary,
+        # softmax) before the graph is captured. Compiled are ONE decoder layer
+        # (``decoder.layer_step``, which every layer runs: a compilation per (cache, attended
+        # length) shape costs one layer's, not the whole unrolled model's, whose 5 lengths per
+        # cache size made a 7B rollout compile for minutes) and the head with the blocked draw
+        # (``_head_draw``, one per batch); the full-width cumsum draw stays eager (inductor
+        # 2.11 fails to generate code for the 32k-wide cumsum).
         self.compiled = self.device.type == "cuda" if compile is None else bool(compile)
-        self._decode_forward: Any = self._forward
-        self._decode_sample: Any = self._forward_sample
+        self._layer_fn: Any = None  # None: decoder.layer_step, eager
+        self._head_draw: Any = _head_draw
         if self.compiled:
             if length_round:  # one compiled entry per attended length, temperature and cache
                 limit = torch._dynamo.config.recompile_limit
-                torch._dynamo.config.recompile_limit = max(limit, 64)
-            self._decode_forward = torch.compile(self._forward, dynamic=False)
-            self._decode_sample = torch.compile(self._forward_sample, dynamic=False)
+                torch._dynamo.config.recompile_limit = max(limit, 128)
+            self._layer_fn = torch.compile(decoder.layer_step, dynamic=False)
+            self._head_draw = torch.compile(_head_draw, dynamic=False)
         self.attention = attention
 
     # ------------------------------------------------------------------ the decoder
@@ -171,17 +175,22 @@ class Sampler:
         mask: torch.Tensor,  # (B, T, S) bool over the first S cache slots
         write: Any,  # write(cache, new) stores new K or V (B, KVH, T, D) into the cache
         last_only: bool,
+        head_fn: Any = None,
     ) -> torch.Tensor:
         return decoder.forward(self.model, ids, pos, bk.extra["rope"], bk.k_cache, bk.v_cache,
                                mask, write, last_only, self.attention, bk.extra["qkv"],
-                               bk.extra["shared"])  # fmt: skip
+                               bk.extra["shared"], layer_fn=self._layer_fn,
+                               head_fn=head_fn)  # fmt: skip
 
     def _forward_sample(
         self, bk: Bucket, mask: torch.Tensor, write: Any, u: torch.Tensor, temperature: float
     ) -> torch.Tensor:
-        """The decode step's forward and blocked draw (no top-p), to be compiled together."""
-        logits = self._forward(bk.tokens[:, None], bk.pos[:, None], bk, mask, write, False)
-        return choose(logits, u, temperature, 1.0, blocked=True)
+        """The decode step's forward, then the head and blocked draw (no top-p) together."""
+
+        def head(model: Any, x: torch.Tensor) -> torch.Tensor:
+            return self._head_draw(model, x, u, temperature)
+
+        return self._forward(bk.tokens[:, None], bk.pos[:, None], bk, mask, write, False, head)
 
     def _fused(self, bk: Bucket) -> bool:
         """Whether the draw runs inside the (compiled) decode function."""
@@ -219,9 +228,9 @@ class Sampler:
         mask = bk.valid[:, None, :s]
         u = bk.noise.index_select(0, bk.step).squeeze(0)
         if self._fused(bk):
-            tok = self._decode_sample(bk, mask, write, u, temperature)
+            tok = self._forward_sample(bk, mask, write, u, temperature)
         else:
-            logits = self._decode_forward(
+            logits = self._forward(
                 bk.tokens[:, None], bk.pos[:, None], bk, mask, write, last_only=False
             )
             tok = choose(logits, u, temperature, top_p, blocked=self.blocked_draw)
@@ -248,8 +257,7 @@ class Sampler:
                 self.blocked_draw_compiles = False
             else:
                 log.warning("sampler: torch.compile failed (%s); capturing the eager step", e)
-                self.compiled, self._decode_forward = False, self._forward
-                self._decode_sample = self._forward_sample
+                self.compiled, self._layer_fn, self._head_draw = False, None, _head_draw
             self._capture_or_uncompile(bk, s)
 
     def _capture(self, bk: Bucket, s: int) -> None:
@@ -361,6 +369,11 @@ class Sampler:
             qkv = self._qkv[dtype] = decoder.MergedQKV(self.model, dtype)
         qkv.refresh()
         return qkv
+
+
+def _head_draw(model: Any, x: torch.Tensor, u: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The decode step's tail: final norm, head and blocked draw (``choose``, no top-p)."""
+    return choose(decoder.logits(model, x), u, temperature, 1.0, blocked=True)
 
 
 _SAMPLERS: dict[int, Sampler] = {}
