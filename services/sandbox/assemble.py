@@ -30,6 +30,7 @@ import re
 import textwrap
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 
 FENCE = re.compile(r"^[ \t]*```[^\n`]*\n(.*?)^[ \t]*```", re.DOTALL | re.MULTILINE)
 PROMPT_DEF = re.compile(r"^def\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(", re.MULTILINE)
@@ -57,6 +58,11 @@ class Wanted:
     entry: str | None = None  # the function the tests call (HumanEval's entry point)
     names: frozenset[str] = frozenset()  # names the tests use and do not define themselves
     prompt: str = ""
+
+    @cached_property
+    def prompt_tree(self) -> ast.Module | None:
+        """The prompt parsed, once for all of a group's responses (``None``: not Python)."""
+        return _parse(self.prompt) if self.prompt.strip() else None
 
 
 def wanted(reference: str | None, prompt: str, entry_point: str | None, stdio: bool) -> Wanted:
@@ -110,8 +116,8 @@ def extract_program(response: str, want: Wanted | None = None) -> str:
         main = _last(i for i, _ in parsed)
     if main is None:
         return texts[-1]
-    prompt = _Source(want.prompt, _parse(want.prompt) if want.prompt.strip() else None)
-    library = [prompt, *(b for i, b in enumerate(blocks) if i != main)]
+    library = [_Source(want.prompt, want.prompt_tree)]
+    library += [b for i, b in enumerate(blocks) if i != main]
     return _with_needs(blocks[main], library, set() if want.stdio else set(want.names))
 
 
@@ -151,8 +157,6 @@ def _with_needs(main: _Source, library: list[_Source], names: set[str]) -> str:
     """``main`` preceded by the library's definitions of what it needs and does not define
     (a ``from __future__`` import of ``main`` stays first)."""
     assert main.tree is not None
-    own = _binds(main.tree)
-    need = (_free_names([main.tree]) | names) - own
     index: dict[str, tuple[int, ast.stmt]] = {}  # name -> its last definition in the library
     for k, source in enumerate(library):
         for stmt in source.tree.body if source.tree is not None else []:
@@ -160,6 +164,10 @@ def _with_needs(main: _Source, library: list[_Source], names: set[str]) -> str:
             if isinstance(stmt, DEFINITIONS) and not future:
                 for name in _binds_stmt(stmt):
                     index[name] = (k, stmt)
+    if not index:  # nothing to lend (one block, a prose prompt): the usual case, no walk
+        return main.text
+    own = _binds(main.tree)
+    need = (_free_names([main.tree]) | names) - own
     pulled: dict[tuple[int, int], tuple[int, ast.stmt]] = {}
     todo = sorted(need)
     seen = set(todo) | own

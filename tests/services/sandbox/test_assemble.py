@@ -170,8 +170,9 @@ HE_REFERENCE = json.dumps({"tests": HE_TESTS, "entry_point": "find_zero"})
         fence(FULL),  # a full function needing the prompt's List and poly
         "Solution:\n" + fence(FULL) + "Usage:\n" + fence("print(find_zero([1, 2]))\n"),
         fence(FULL) + fence("assert find_zero([1, 2]) == 99  # a wrong example\n"),
+        BODY + "    # " + "x" * 10_000 + "\n",  # long: assembled off the event loop
     ],
-    ids=["body-only", "full-function", "usage-example", "wrong-example"],
+    ids=["body-only", "full-function", "usage-example", "wrong-example", "long"],
 )
 def test_dataset_conventions_score_correct_work_in_the_sandbox(
     sandbox: Sandbox, response: str
