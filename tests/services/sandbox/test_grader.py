@@ -10,10 +10,12 @@ image offers (``packages.py``) and reads the row's metadata from ``item``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.conftest import start_service
@@ -230,3 +232,35 @@ def test_bad_row_metadata_is_422_naming_the_group(
     assert r.status_code == 422, r.text
     error = r.json()["error"]
     assert error["param"].startswith("groups.0.metadata") and words in error["message"], error
+
+
+@pytest.fixture(scope="module")
+def gateway(log_dir: Path, verify_url: str, redis_url: str, sandbox: Sandbox) -> Iterator[str]:
+    env = {"GATEWAY_VERIFY_URL": verify_url, "REDIS_URL": redis_url}
+    proc, url = start_service("gateway", log_dir, {**env, "GATEWAY_SANDBOX_URL": sandbox.url})
+    yield url
+    proc.stop()
+
+
+def test_row_metadata_reaches_the_grader_through_the_gateway_and_keys_its_cache(
+    gateway: str,
+) -> None:
+    source = "def grade(sample, item):\n    return float(sample['output_text'] == item['answer'])\n"
+    recipe = {"components": [{"name": "python_grader", "params": {"source": source}}]}
+    prompt = f"p {time.monotonic_ns()}"  # nothing cached yet
+
+    def row(answer: str) -> dict[str, Any]:
+        return {**group("", "42", prompt=prompt), "metadata": {"answer": answer}}
+
+    # the same prompt, reference and response in two rows: only the metadata differs
+    body = {"recipe": recipe, "groups": [row("42"), row("41")]}
+    r = httpx.post(f"{gateway}/v1/score", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    assert [g["rewards"] for g in r.json()["groups"]] == [[1.0], [0.0]]
+    # again, now from the cache: each row's own score, not the other's
+    again = httpx.post(f"{gateway}/v1/score", json=body, timeout=60).json()
+    assert [g["rewards"] for g in again["groups"]] == [[1.0], [0.0]]
+    assert again["usage"]["cache_hits"] == 2
+    bad = {"recipe": recipe, "groups": [{**row("x"), "metadata": ["not", "an", "object"]}]}
+    r = httpx.post(f"{gateway}/v1/score", json=bad, timeout=60)
+    assert r.status_code == 422 and r.json()["error"]["param"] == "groups.0.metadata", r.text
