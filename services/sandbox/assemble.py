@@ -105,7 +105,7 @@ def extract_program(response: str, want: Wanted | None = None) -> str:
     blocks = [_Source(text, _parse(text)) for text in texts]
     parsed = [(i, b) for i, b in enumerate(blocks) if b.tree is not None]
     if want.stdio:
-        main = _last(i for i, b in parsed if READS_INPUT.search(b.text))
+        main = _reader(parsed)
     else:
         main = _last(i for i, b in parsed if want.entry in _binds(b.tree))
         if main is None and (body := _body_only(response, raw, want)) is not None:
@@ -128,6 +128,26 @@ def extract_program(response: str, want: Wanted | None = None) -> str:
 class _Source:
     text: str
     tree: ast.Module | None
+
+
+def _reader(parsed: list[tuple[int, _Source]]) -> int | None:
+    """The last block that reads input, or a later one that calls its function that does
+    (``def main(): … input() …`` in one block, ``main()`` in the next)."""
+    found = _last(i for i, b in parsed if READS_INPUT.search(b.text))
+    if found is None:
+        return None
+    source = dict(parsed)[found]
+    assert source.tree is not None
+    readers = {
+        stmt.name
+        for stmt in source.tree.body
+        if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+        and READS_INPUT.search(_segment(source.text, stmt))
+    }
+    later = _last(
+        i for i, b in parsed if i > found and b.tree is not None and readers & _free_names([b.tree])
+    )
+    return found if later is None else later
 
 
 def _body_only(response: str, raw: list[str], want: Wanted) -> str | None:

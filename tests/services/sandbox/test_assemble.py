@@ -113,6 +113,18 @@ def test_stdio_takes_the_last_block_that_reads_input_with_its_helpers() -> None:
     assert program.endswith(reads) and "print(sq(4))" not in program and "def sq" in program
 
 
+def test_stdio_takes_a_later_block_that_calls_the_function_reading_input() -> None:
+    want = Wanted(stdio=True)
+    reads = "def solve(n):\n    return n * n\n\ndef main():\n    print(solve(int(input())))\n"
+    call = "if __name__ == '__main__':\n    main()\n"
+    example = "print(solve(4))  # 16\n"
+    program = extract_program(fence(reads) + fence(call) + fence(example), want)
+    assert program.endswith(call) and "def main" in program and "def solve" in program
+    assert "print(solve(4))" not in program
+    # an example that calls only a helper is no program: the reading block stays the program
+    assert extract_program(fence(reads + "main()\n") + fence(example), want).endswith("main()\n")
+
+
 @pytest.mark.parametrize(
     "reader",
     ["n = input()", "import sys\nn = sys.stdin.read()", "n = open(0).read()",
