@@ -182,6 +182,8 @@ def test_a_program_under_code_tests_gets_no_grader_packages(sandbox: Sandbox) ->
             "import no_such_module\ndef grade(sample, item):\n    return 1.0\n",
             "ModuleNotFoundError",
         ),
+        # the service's own packages are not the graders': hidden
+        ("import fastapi\ndef grade(sample, item):\n    return 1.0\n", "ModuleNotFoundError"),
         # prints without end
         ("def grade(sample, item):\n    while True:\n        print('x' * 10000)\n", "output limit"),
     ],
