@@ -1,9 +1,8 @@
 """A sandbox's command line: ``bwrap`` around an interpreter that boots the harness.
 
 ``bwrap_argv`` builds the namespaces, mounts and environment that ``jail.py`` describes;
-``compiled_harness`` is what the interpreter reads first (``BOOT``): ``harness.py``,
-``zygote.py``, ``compare.py`` and ``runners.py`` as one program, compiled once by the same
-interpreter.
+``compiled_harness`` is what the interpreter reads first (``BOOT``): the in-jail files of
+``PARTS`` as one program, compiled once by the same interpreter.
 """
 
 from __future__ import annotations
@@ -18,7 +17,8 @@ from pathlib import Path
 from arbiter.services.sandbox.packages import grader_binds
 from arbiter.services.sandbox.settings import SandboxSettings
 
-PARTS = ("harness", "zygote", "compare", "runners")  # in this order: each uses those before
+# in this order: each uses those before
+PARTS = ("harness", "zygote", "wire", "checker", "candidate", "checking", "runners")
 
 
 def _one_program() -> str:

@@ -1,6 +1,7 @@
 """The program inside each sandbox, standard library only: the plumbing of each job
 (children, their pipes and limits, the answer). ``zygote.py`` runs the jobs, ``runners.py``
-says what each kind of job does; ``bwrap.py`` joins the three into one program.
+says what each kind of job does (Python tests: ``checking.py``, ``checker.py``,
+``candidate.py``, ``wire.py``); ``bwrap.py`` joins them into one program.
 
 Why a PID 1 per job: signals from inside its namespace that it has no handler for never
 reach it (a program cannot kill its runner), ``kill(-1, SIGKILL)`` from it kills every
@@ -24,7 +25,7 @@ import select
 import sys
 import time
 
-ANCESTORS = 3  # the zygote, the job's first fork and its PID 1: the sandbox's user's too
+ANCESTORS = 4  # the zygote, the job's first fork, its PID 1 and checker: the same user's
 FRAME_LIMIT = 1 << 17  # result bytes a child may have unparsed: a line past half of it is too large
 REASON_CHARS = 300
 CODE_NAME = "__arbiter_program__"
@@ -71,19 +72,41 @@ class Budget:
         return self.deadline - time.monotonic()
 
 
-WALL_FACTOR = 2
+WALL_FACTOR = 4
+PROBE_S = 0.2
 
 
-def starved(usages, cpu_s):
-    """Whether processes stopped by the wall-clock backstop were kept from running by the
-    host rather than by their own choice: together they used less CPU than their limit and
-    were preempted (involuntary context switches) at least a quarter as often as they gave
-    the CPU up (sleeping, waiting for input). A program that sleeps or blocks is not
-    starved; one that splits its work over processes counts the CPU of all of them."""
-    cpu = sum(u.ru_utime + u.ru_stime for u in usages)
-    voluntary = sum(u.ru_nvcsw for u in usages)
-    involuntary = sum(u.ru_nivcsw for u in usages)
-    return cpu < cpu_s and involuntary >= 5 and 4 * involuntary >= voluntary
+def starved(cpu_s, window_s, limits):
+    """Whether a program stopped by the wall-clock backstop was kept from running by the
+    host rather than by its own choice. With the program's processes gone, a probe at the
+    programs' niceness spins for ``PROBE_S``: the share of the CPU it gets is what a
+    runnable program got. The program was starved when it used at least half of what that
+    share would have given it over the window; one that slept or waited used (nearly)
+    nothing, and on a quiet host the share is whole, so the backstop never fires first."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, limits["nice"])
+            end = time.monotonic() + PROBE_S
+            while time.monotonic() < end:
+                pass
+        finally:
+            os._exit(0)
+    usage = os.wait4(pid, 0)[2]
+    share = min(1.0, (usage.ru_utime + usage.ru_stime) / PROBE_S)
+    return cpu_s > 0 and cpu_s >= 0.5 * share * window_s
+
+
+def cpu_of(usages):
+    return sum(u.ru_utime + u.ru_stime for u in usages)
+
+
+def cpu_clock(pid):
+    """CPU seconds a live process has used so far (its process CPU clock); None once gone."""
+    try:
+        return time.clock_gettime(((~pid) << 3) | 2)  # glibc's MAKE_PROCESS_CPUCLOCK(pid, SCHED)
+    except OSError:
+        return None
 
 
 def limit_child(limits, cpu_s):
@@ -101,22 +124,28 @@ def limit_child(limits, cpu_s):
     os.setpriority(os.PRIO_PROCESS, 0, limits["nice"])
 
 
-def spawn(budget, stdin_path, child_main, args, cpu_s=None):
-    """Fork a child: fd 0 from the file ``stdin_path``, fd 1/2 to pipes, fd 3 to the result pipe.
+def spawn(budget, stdin_path, child_main, args, cpu_s=None, extra=None):
+    """Fork a child: fd 0 from the file ``stdin_path``, fd 1/2 to pipes, fd 3 to the result
+    pipe, or fds 3 and 4 to the two of ``extra``.
     Returns (pid, pidfd, out_r, err_r, res_r)."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    res_r, res_w = os.pipe()
+    res_r, res_w = os.pipe() if extra is None else (None, None)
     fd_in = os.open(stdin_path, os.O_RDONLY | os.O_NOFOLLOW)
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 70
         try:
+            import fcntl
+
+            keep = extra if extra is not None else (res_w,)
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 1024) for fd in keep if fd is not None]
             os.dup2(fd_in, 0)
             os.dup2(out_w, 1)
             os.dup2(err_w, 2)
-            os.dup2(res_w, 3)
-            os.closerange(4, 1 << 16)
+            for k, fd in enumerate(high):
+                os.dup2(fd, 3 + k)
+            os.closerange(3 + len(high), 1 << 16)
             signal.signal(signal.SIGPIPE, signal.SIG_DFL)
             # the child's own streams on its fds, for the rest of its life
             sys.stdin = open(0, encoding="utf-8", errors="replace", closefd=False)  # noqa: SIM115
@@ -144,7 +173,7 @@ def spawn(budget, stdin_path, child_main, args, cpu_s=None):
                 except BaseException:
                     pass
             os._exit(code & 0xFF)
-    for fd in (out_w, err_w, res_w, fd_in):
+    for fd in [out_w, err_w, fd_in, *([res_w] if res_w is not None else [])]:
         os.close(fd)
     return pid, os.pidfd_open(pid), out_r, err_r, res_r
 
@@ -159,12 +188,14 @@ def _print_err(text):
 class Run:
     """One child's life seen from PID 1: its output (capped), its result frames, its end."""
 
-    def __init__(self, budget, stdin_path, child_main, args, cpu_s=None):
+    def __init__(self, budget, stdin_path, child_main, args, cpu_s=None, extra=None):
         self.budget = budget
         self.pid, self.pidfd, out_r, err_r, self.res_r = spawn(
-            budget, stdin_path, child_main, args, cpu_s
+            budget, stdin_path, child_main, args, cpu_s, extra
         )
-        self.fds = {out_r: "out", err_r: "err", self.res_r: "res"}
+        self.fds = {out_r: "out", err_r: "err"}
+        if self.res_r is not None:
+            self.fds[self.res_r] = "res"
         self.buf = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
         self.status = None  # wait status once it ended
         self.usage = []  # rusage of the child and of what the sweep after it reaped
@@ -276,6 +307,34 @@ class Run:
     def stderr_tail(self):
         lines = bytes(self.buf["err"]).decode("utf-8", "replace").strip().splitlines()
         return cut(lines[-1]) if lines else ""
+
+
+def with_exit():
+    """The builtins with ``exit`` and ``quit``, which ``site`` adds (the sandbox's
+    interpreter runs without it): both raise ``SystemExit`` as there."""
+    import builtins
+
+    def exit(code=None):
+        raise SystemExit(code)
+
+    builtins.__dict__.update(exit=exit, quit=exit)
+    return builtins
+
+
+def python_exit():
+    """The interpreter's own shutdown steps, in its order: wait for non-daemon threads,
+    then run the ``atexit`` handlers (a handler's exception is printed, as there)."""
+    import sys
+
+    threading = sys.modules.get("threading")
+    if threading is not None:
+        try:  # noqa: SIM105
+            threading._shutdown()
+        except BaseException:
+            pass
+    import atexit
+
+    atexit._run_exitfuncs()
 
 
 def sweep():

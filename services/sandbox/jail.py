@@ -1,7 +1,7 @@
 """The bubblewrap sandboxes: zygotes started ahead of need, one job at a time each.
 
 A sandbox is ``bwrap`` (its command line: ``bwrap.py``) running the harness (``harness.py``,
-``zygote.py``, ``compare.py``, ``runners.py``) in new user, PID, network, IPC, UTS and
+``zygote.py`` and the rest of ``bwrap.PARTS``) in new user, PID, network, IPC, UTS and
 cgroup namespaces, with a read-only view of the interpreter, ``/`` and a minimal ``/dev``
 read-only, no ``/proc``, no environment, no new user namespaces inside, a new session,
 ``--die-with-parent`` and the seccomp filter of ``seccomp.py``. Its zygote keeps
@@ -63,6 +63,14 @@ class SandboxFailure(Exception):
     program's doing."""
 
 
+def job_bytes(job: dict[str, Any]) -> bytes:
+    """What the job's memfd holds: a length line, the marshalled job without its
+    ``secret`` (no json to import in the sandbox), then the marshalled secret (a Python-tests
+    job's tests), which only the checker reads (``zygote.read_job``, ``checker.py``)."""
+    head = marshal.dumps({k: v for k, v in job.items() if k != "secret"})
+    return b"%d\n" % len(head) + head + marshal.dumps(job.get("secret"))
+
+
 class Sandbox:
     """One started sandbox (a zygote), free or running one job."""
 
@@ -102,7 +110,7 @@ class Sandbox:
                 JOBS.inc()
                 fd = os.memfd_create("job", os.MFD_CLOEXEC)  # the job's PID 1 reads it
                 try:
-                    os.write(fd, marshal.dumps(job))  # no json to import in the sandbox
+                    os.write(fd, job_bytes(job))
                     os.lseek(fd, 0, os.SEEK_SET)
                     socket.send_fds(self.control, [tmpfs], [fd])
                 finally:

@@ -35,12 +35,15 @@ class TestPlan:
     n_tests: int
     code: str = ""  # kind "tests": the prepared test code
     cases: tuple[dict[str, str], ...] = ()  # kind "stdio": the pairs
+    names: tuple[str, ...] = ()  # kind "tests": the names they use and do not define
 
     def job(self) -> dict[str, Any]:
         if self.kind == "stdio":
             # the inputs only: what a program could find in its memory it could print
             return {"kind": "stdio", "cases": [{"input": c["input"]} for c in self.cases]}
-        return {"kind": "tests", "tests": self.code, "n_tests": self.n_tests}
+        # the tests travel apart: only the sandbox's checker reads them (jail.job_bytes)
+        secret = {"tests": self.code, "names": list(self.names)}
+        return {"kind": "tests", "secret": secret, "n_tests": self.n_tests}
 
 
 def parse_reference(
@@ -135,8 +138,33 @@ def _prepare(tree: ast.Module, entry: str | None, max_tests: int) -> TestPlan:
     if counter.n > max_tests:
         raise ReferenceError_(f"{counter.n} tests; the limit is {max_tests}")
     return TestPlan(
-        kind="tests", n_tests=counter.n, code=ast.unparse(ast.fix_missing_locations(tree))
+        kind="tests",
+        n_tests=counter.n,
+        code=ast.unparse(ast.fix_missing_locations(tree)),
+        names=_free_names(tree),
     )
+
+
+def _free_names(tree: ast.Module) -> tuple[str, ...]:
+    """The names the tests use and never bind (the entry point, the program's helpers):
+    in the sandbox each is the program's, called in its process (``checker.Remote``);
+    builtins are left to the checker, which knows its interpreter's."""
+    loaded: set[str] = set()
+    bound: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (loaded if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            bound.add(node.name)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            bound.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif (isinstance(node, ast.ExceptHandler) and node.name) or (
+            isinstance(node, ast.MatchAs | ast.MatchStar) and node.name
+        ):
+            bound.add(node.name)
+    return tuple(sorted(n for n in loaded - bound if not n.startswith("__arbiter_")))
 
 
 class _Counter:
@@ -160,9 +188,7 @@ def _has_assert(node: ast.stmt) -> bool:
 
 def _wrap_all(body: list[ast.stmt], counter: _Counter) -> list[ast.stmt]:
     kept = [s for s in body if not _checks_nothing(s)]
-    return [_wrap(_Compares().visit(s), counter) if _has_assert(s) else s for s in kept] or [
-        ast.Pass()
-    ]
+    return [_wrap(s, counter) if _has_assert(s) else s for s in kept] or [ast.Pass()]
 
 
 def _checks_nothing(stmt: ast.stmt) -> bool:
@@ -173,41 +199,6 @@ def _checks_nothing(stmt: ast.stmt) -> bool:
     return isinstance(stmt, ast.Assert) and not any(
         isinstance(n, ast.Name) for n in ast.walk(stmt.test)
     )
-
-
-# the comparisons an assert makes, and how the harness's hook for each is called
-COMPARE_HOOKS: dict[type[ast.cmpop], tuple[str, bool]] = {
-    ast.Eq: ("__arbiter_eq__", False),
-    ast.NotEq: ("__arbiter_eq__", True),
-    ast.In: ("__arbiter_in__", False),
-    ast.NotIn: ("__arbiter_in__", True),
-}
-
-
-class _Compares(ast.NodeTransformer):
-    """In an assert's condition, ``a == b`` becomes ``__arbiter_eq__(a, b)`` (``!=``,
-    ``in`` and ``not in`` alike): the harness compares plain values (the builtin types, to
-    which a subclass is brought back), so an object whose ``__eq__`` always says yes (the
-    "AlwaysEqual" reward hack) passes no ``assert candidate(x) == y``. Chained comparisons
-    and other operators are left as written."""
-
-    def visit_Assert(self, node: ast.Assert) -> ast.Assert:
-        node.test = _CompareCalls().visit(node.test)
-        return node
-
-
-class _CompareCalls(ast.NodeTransformer):
-    def visit_Compare(self, node: ast.Compare) -> ast.expr:
-        self.generic_visit(node)
-        hook = COMPARE_HOOKS.get(type(node.ops[0])) if len(node.ops) == 1 else None
-        if hook is None:
-            return node
-        name, negate = hook
-        call: ast.expr = ast.Call(ast.Name(name, ast.Load()), [node.left, node.comparators[0]], [])
-        return ast.UnaryOp(ast.Not(), call) if negate else call
-
-    def visit_Lambda(self, node: ast.Lambda) -> ast.Lambda:
-        return node  # only defines: its comparisons run outside the assert
 
 
 def _wrap(stmt: ast.stmt, counter: _Counter) -> ast.stmt:

@@ -1,13 +1,12 @@
 """The sandbox's three kinds of job, run by the harness (``harness.py``) as PID 1.
 
-The sandbox gets this file after ``harness.py``, ``zygote.py`` and ``compare.py`` as one
-program (``bwrap.py`` drops the imports of those below, which are only for tools and
-tests); it runs with the same few standard-library modules.
+The sandbox gets this file after the others of ``bwrap.PARTS`` as one program (``bwrap.py``
+drops the imports of those, which are only for tools and tests); it runs with the same few
+standard-library modules.
 
-- ``tests``: ``program`` then ``tests`` (Python prepared by the service: each test wrapped
-  in ``__arbiter_begin__/__arbiter_pass__/__arbiter_fail__`` calls) run in one child; each
-  test's outcome comes back on a pipe, tagged with a per-child nonce. A test past
-  ``timeout_s`` kills the child and the run goes on in a new child from the next test.
+- ``tests``: the program in processes of its own, the prepared tests (each wrapped in
+  ``__arbiter_begin__/__arbiter_pass__/__arbiter_fail__`` calls) in the checker's, plain
+  values between them (``checking.py``).
 - ``stdio``: one child per test, the test's input as stdin; the digest of its stdout comes
   back for the service to compare (the expected outputs are not in the job).
 - ``grader``: one child runs ``source`` and ``grade(sample, item)``; the result comes back
@@ -21,190 +20,20 @@ import resource
 import sys
 import time
 
-from arbiter.services.sandbox.compare import plain_eq, plain_in  # dropped there too
+from arbiter.services.sandbox.checking import run_tests  # dropped there too
 from arbiter.services.sandbox.harness import (  # one program in the sandbox: dropped there
-    CODE_NAME,
     Budget,
     Run,
+    cpu_of,
     cut,
     no_dump,
     nonce,
+    python_exit,
     starved,
     sweep,
+    with_exit,
 )
 from arbiter.services.sandbox.zygote import serve  # dropped there too
-
-# ------------------------------------------------------------------ tests (in process)
-
-
-def tests_child(program, tests, start, stop_on_fail, nonce):
-    """Child: the program, then the prepared tests from ``start``; each outcome a line
-    ``nonce kind index reason`` on fd 3."""
-    write = os.write
-
-    def say(kind, index, reason=""):
-        line = f"{nonce} {kind} {index} {cut(reason)}\n".encode("utf-8", "replace")
-        write(3, line)
-
-    failed = [False]
-
-    def begin(index):
-        if index < start or (stop_on_fail and failed[0]):
-            return False
-        say("S", index)
-        return True
-
-    def passed(index):
-        say("P", index)
-
-    def fail(index, exc):
-        failed[0] = True
-        if isinstance(exc, AssertionError):
-            reason = "assertion failed" + (f": {exc}" if str(exc) else "")
-        else:
-            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        say("F", index, reason)
-
-    hooks = {
-        "__arbiter_begin__": begin,
-        "__arbiter_pass__": passed,
-        "__arbiter_fail__": fail,
-        "__arbiter_eq__": plain_eq,
-        "__arbiter_in__": plain_in,
-    }
-    scope = {"__name__": CODE_NAME, "__builtins__": __builtins__}
-    try:
-        code = compile(program, "<program>", "exec")
-    except (SyntaxError, ValueError) as exc:
-        say("L", -1, f"{type(exc).__name__}: {getattr(exc, 'msg', exc)}")
-        return
-    try:
-        exec(code, scope)
-    except BaseException as exc:
-        say("L", -1, f"the program raised {type(exc).__name__}: {exc}")
-        return
-    scope.update(hooks)
-    try:
-        exec(compile(tests, "<tests>", "exec"), scope)
-    except BaseException as exc:
-        say("X", -1, f"the tests stopped: {type(exc).__name__}: {exc}")
-        return
-    say("E", -1)
-
-
-class TestsRun(Run):
-    def __init__(self, budget, job, start, nonce):
-        self.nonce = nonce
-        self.parsed: list[tuple[str, int, str]] = []
-        # a start and an outcome per test, and the end: more is a program forging frames
-        self.frames_left = 2 * (job["n_tests"] - start) + 4
-        args = (job["program"], job["tests"], start, job["stop_on_fail"], nonce)
-        cpu_s = int(job["item_timeout_s"]) + 1
-        super().__init__(budget, "/dev/null", tests_child, args, cpu_s)
-
-    def read(self, fd):
-        """Parse each read's whole lines at once and drop them: ``FRAME_LIMIT`` bounds what
-        is pending (a line being written), not what a child reports over all its tests."""
-        super().read(fd)
-        data = self.buf["res"]
-        end = data.rfind(b"\n")
-        if end < 0:
-            return
-        for raw in bytes(data[:end]).split(b"\n"):
-            parts = raw.decode("utf-8", "replace").split(" ", 3)
-            try:
-                if len(parts) >= 3 and parts[0] == self.nonce:
-                    self.frames_left -= 1
-                    if self.frames_left < 0:
-                        self.over = "result too large"
-                        break
-                    self.parsed.append((parts[1], int(parts[2]), cut("".join(parts[3:]))))
-                    continue
-            except ValueError:
-                pass
-            self.budget.output_left -= len(raw) + 1  # not the harness's: output like any other
-        del data[: end + 1]
-        if self.budget.output_left < 0:
-            self.over = "output limit"
-
-    def frames(self):
-        """New result lines as (kind, index, reason); lines without the nonce are ignored."""
-        out, self.parsed = self.parsed, []
-        return out
-
-
-def run_tests(job, budget):
-    """Every test's (passed, reason). A child runs the program and the tests from ``start``;
-    a test that overruns or kills its child fails, and a new child goes on after it."""
-    n, per_test = job["n_tests"], job["timeout_s"]
-    results: list[tuple[bool, str] | None] = [None] * n
-    wall = False  # the item's deadline came before every test ran: not the program's doing
-    begun = set()  # tests that started: a test's clock starts once, however often it says so
-    start = 0
-    while start < n:
-        run = TestsRun(budget, job, start, nonce())
-        current, progressed, stopped, clean = None, False, None, False
-        clock = time.monotonic()  # when the running test (or the program's load) began
-        while run.status is None and run.over is None and not clean:
-            until = min(budget.deadline, clock + per_test)
-            if time.monotonic() >= until:
-                break
-            run.step(until)
-            for kind, index, reason in run.frames():
-                if kind == "S" and 0 <= index < n and index not in begun:
-                    begun.add(index)
-                    current, progressed, clock = index, True, time.monotonic()
-                elif kind in ("P", "F") and 0 <= index < n and results[index] is None:
-                    results[index] = (kind == "P", "" if kind == "P" else reason or "failed")
-                    current, clock = None, time.monotonic()
-                elif kind in ("L", "X"):
-                    stopped = reason
-                elif kind == "E":
-                    clean = True
-        out_of_time = time.monotonic() >= budget.deadline
-        overran = run.status is None and run.over is None and not clean  # we stop it
-        run.finish()
-        why = run.death()
-        if current is not None and results[current] is None:
-            if run.over:
-                results[current] = (False, run.over)
-            elif overran:
-                results[current] = (False, f"timeout ({per_test:g}s)")
-            else:
-                results[current] = (
-                    False,
-                    f"the program {why} during the test" + _colon(run.stderr_tail()),
-                )
-        rest = [i for i in range(start, n) if results[i] is None]
-        if not rest:
-            break
-        if stopped or clean or run.over or out_of_time or not progressed:
-            if stopped:
-                reason = stopped
-            elif clean:
-                reason = (
-                    "not run: an earlier test failed"
-                    if job["stop_on_fail"]
-                    else "not reached by the tests"
-                )
-            elif run.over:
-                reason = run.over
-            elif out_of_time:
-                reason = "not run: out of time"
-                wall = True
-            elif overran:
-                reason = f"timeout ({per_test:g}s) before the tests ran"
-            else:
-                reason = f"the program {why} before the tests ran" + _colon(run.stderr_tail())
-            for i in rest:
-                results[i] = (False, reason)
-            break
-        if job["stop_on_fail"] and any(r is not None and not r[0] for r in results):
-            for i in rest:
-                results[i] = (False, "not run: an earlier test failed")
-            break
-        start = rest[0]
-    return {"results": results, "wall": wall}
 
 
 def _unlink(path):
@@ -229,34 +58,6 @@ def stdio_child(program):
         exec(compile(program, "<program>", "exec"), scope)
     finally:
         python_exit()
-
-
-def with_exit():
-    """The builtins with ``exit`` and ``quit``, which ``site`` adds (the sandbox's
-    interpreter runs without it): both raise ``SystemExit`` as there."""
-    import builtins
-
-    def exit(code=None):
-        raise SystemExit(code)
-
-    builtins.exit = builtins.quit = exit
-    return builtins
-
-
-def python_exit():
-    """The interpreter's own shutdown steps, in its order: wait for non-daemon threads,
-    then run the ``atexit`` handlers (a handler's exception is printed, as there)."""
-    import sys
-
-    threading = sys.modules.get("threading")
-    if threading is not None:
-        try:  # noqa: SIM105
-            threading._shutdown()
-        except BaseException:
-            pass
-    import atexit
-
-    atexit._run_exitfuncs()
 
 
 def output_digest(text):
@@ -321,7 +122,9 @@ def run_stdio(job, budget):
         run.finish()
         if run.over:
             results.append((False, run.over))
-        elif timed_out and (budget.left() <= 0 or starved(run.usage, budget.cpu_s)):
+        elif timed_out and (
+            budget.left() <= 0 or starved(cpu_of(run.usage), budget.wall_s, budget.limits)
+        ):
             results.append((False, "stopped by the wall clock: the host was busy"))
             return {"results": _rest(results, job["cases"], "not run: out of time"), "wall": True}
         elif timed_out:
@@ -339,6 +142,11 @@ def run_stdio(job, budget):
             )
             break
     return {"results": results}
+
+
+def _busy(run, budget):
+    """Stopped by the item's deadline, or by the backstop while the host starved it."""
+    return budget.left() <= 0 or starved(cpu_of(run.usage), budget.wall_s, budget.limits)
 
 
 def _rest(results, cases, reason):
@@ -370,7 +178,9 @@ def run_grader(job, budget):
     run.finish()
     if run.over:
         return {"error": run.over}
-    if timed_out and (budget.left() <= 0 or starved(run.usage, budget.cpu_s)):
+    if timed_out and (
+        budget.left() <= 0 or starved(cpu_of(run.usage), budget.wall_s, budget.limits)
+    ):
         return {"error": "stopped by the wall clock: the host was busy", "wall": True}
     if timed_out:
         return {"error": f"{budget.timeout}: it slept or waited"}

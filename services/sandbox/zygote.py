@@ -1,7 +1,7 @@
 """The zygote: the first process of each sandbox, serving its jobs one at a time.
 
 Started ahead of need (``bwrap --as-pid-1 … python3 -I -S -c <boot>``: the interpreter
-reads the code object of ``harness.py``, this file, ``compare.py`` and ``runners.py``,
+reads the code object of ``harness.py``, this file and the rest of ``bwrap.PARTS``,
 compiled once by the service, from its stdin), it says ``{"ready": true}`` on stdout and
 then serves jobs, one at a time, for as long as the service keeps it. Each job arrives as a
 file descriptor on its stdin (a unix socket, ``SCM_RIGHTS``) holding the marshalled job,
@@ -11,10 +11,11 @@ namespaces (loopback up), mounts a fresh empty ``/tmp`` tmpfs (bytes and inodes 
 and a devpts instance of its own, and forks the **job's PID 1**. That one starts a session
 of its own (no process of the job shares a process group with the zygote), drops every
 capability (the zygote keeps ``CAP_SYS_ADMIN`` and ``CAP_NET_ADMIN`` of its user namespace
-for the namespaces), bounds its own memory, reads the job, runs it (``runners.py``), writes
-one JSON line with the results on stdout and exits; the kernel then kills whatever is left
-in its namespace, and the zygote writes ``#exit STATUS`` once it is gone (and has the
-kernel collect any descriptor the job left in flight in a unix socket). A zygote whose job
+for the namespaces), bounds its own memory, reads the job's head (never its tests:
+``read_job``), runs it (``runners.py``), writes one JSON line with the results on stdout
+and exits; the kernel then kills whatever is left in its namespace, and the zygote writes
+``#exit STATUS`` once it is gone (and has the kernel collect any descriptor the job left in
+flight in a unix socket). A zygote whose job
 process was killed by a signal exits (nothing of a job can send one: the sandbox is not
 sound), and the service replaces it. A job costs two forks, four namespaces and a mount
 (~2.5 ms) instead of a new bwrap and interpreter (~12 ms).
@@ -105,8 +106,7 @@ def job_process(libc, control, job_fd, tmp, answer_job):
             os.setsid()  # its own session and process group: none of the zygote's to signal
             drop_capabilities(libc)
             os.chdir("/tmp")  # the fresh one: the zygote's cwd is the /tmp beneath it
-            with open(job_fd, "rb") as f:
-                job = marshal.loads(f.read())  # the service's own bytes
+            job = read_job(job_fd)  # the service's own bytes, without the tests
             mb = job["limits"]["memory_mb"] << 20  # its own memory bounded too, as its children's
             resource.setrlimit(resource.RLIMIT_AS, (mb, mb))
             answer = answer_job(job)
@@ -116,6 +116,23 @@ def job_process(libc, control, job_fd, tmp, answer_job):
             os._exit(code)
     os.close(job_fd)
     os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) & 0xFF)
+
+
+def read_job(fd):
+    """The job's head (a length line, then its marshalled dict); what follows it (a
+    Python-tests job's tests) stays unread in the memfd for the checker alone, at
+    ``job["secret_at"]`` = (fd, offset)."""
+    first = os.pread(fd, 32, 0)
+    end = first.index(b"\n")
+    n, data = int(first[:end]), b""
+    while len(data) < n:
+        chunk = os.pread(fd, n - len(data), end + 1 + len(data))
+        if not chunk:
+            break
+        data += chunk
+    job = marshal.loads(data)
+    job["secret_at"] = (fd, end + 1 + n)
+    return job
 
 
 def check(libc, result, what):

@@ -24,8 +24,12 @@ PROBLEMS = Path(__file__).parent / "problems" / "problems.jsonl"
 # Small limits so that the hostile corpus runs in seconds.
 ENV = {
     "SANDBOX_WORKERS": "2",
-    "SANDBOX_TEST_TIMEOUT_S": "2",
-    "SANDBOX_ITEM_TIMEOUT_S": "6",
+    "SANDBOX_TEST_TIMEOUT_S": "1",
+    # a test's limit is CPU time, its wall-clock backstop 4x + 1 s: room for a few of them
+    "SANDBOX_ITEM_TIMEOUT_S": "20",
+    # the test host is shared: a program at niceness 19 beside other suites' work would wait
+    # far past its CPU time and be judged starved (null) instead of failing on its limit
+    "SANDBOX_NICE": "0",
     "SANDBOX_OUTPUT_LIMIT_BYTES": str(256 * 1024),
 }
 

@@ -4,7 +4,7 @@ Each case is a response sent to a real sandbox service (``conftest.sandbox``). T
 hacks a policy under RL finds first -- an object equal to everything, printing what the
 harness is known to expect, leaving before the asserts run -- must score what the program
 really passes. The hacks that subvert the harness from inside its own interpreter are
-documented as not prevented; their test is an expected failure that says so.
+refused as well: the tests run in a checker process of their own (``checker.py``).
 """
 
 from __future__ import annotations
@@ -133,13 +133,13 @@ def test_long_failure_reasons_do_not_fail_the_tests_after_them(sandbox: Sandbox)
     assert scores(sandbox, reference, program) == [pytest.approx(212 / 512)]
 
 
-def test_junk_on_the_result_pipe_counts_as_output(sandbox: Sandbox) -> None:
-    # lines without the nonce are ignored, and count against the output limit (256 KiB here)
+def test_junk_on_the_answer_pipe_fails_the_test(sandbox: Sandbox) -> None:
+    # fd 3 is the program's answers to the checker: junk there is no value, the test fails
     program = "import os\ndef f():\n    os.write(3, b'junk\\n' * 100000)\n    return 1\n"
     body = sandbox.score("code_tests", [group("assert f()\nassert f()\n", program)])
     g = body["groups"][0]
     assert g["scores"] == [0.0]
-    assert g["info"]["failed"][0] == {"0": "output limit", "1": "output limit"}, g
+    assert all("cannot be read" in r for r in g["info"]["failed"][0].values()), g
 
 
 @pytest.mark.skipif(platform.machine() not in SECCOMP_DENY, reason="no seccomp filter here")
@@ -159,7 +159,7 @@ def test_memory_held_beyond_the_memory_limit_is_refused(sandbox: Sandbox) -> Non
 def test_a_deeply_nested_reference_is_an_invalid_reference_not_a_500(
     sandbox: Sandbox, depth: int
 ) -> None:
-    reference = "assert f(1) == 2\nassert " + "-" * depth + "1\n"
+    reference = "assert f(1) == 2\nassert " + "-" * depth + "f(1)\n"
     body = sandbox.score("code_tests", [group(reference, "def f(x):\n    return x + 1\n")])
     g = body["groups"][0]
     assert g["scores"] == [None]
@@ -178,13 +178,6 @@ def test_empty_files_in_tmp_are_bounded(sandbox: Sandbox) -> None:
     assert body["groups"][0]["scores"] == [1.0], body["groups"][0]["info"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="documented limitation: Python tests run in the program's interpreter, so a "
-    "program can call the harness's own pass hooks (from its globals, a caller's frame, or "
-    "the nonce in their closure), or read the test code from its memory and return what it "
-    "expects, and report tests it did not pass",
-)
 def test_a_program_calling_the_harness_hooks_scores_nothing(sandbox: Sandbox) -> None:
     via_globals = (
         "import os\ndef f(x):\n    g = globals()\n    for i in range(8):\n"

@@ -49,11 +49,14 @@ def f():
     probe = socket.socket()
     taken = probe.connect_ex(('127.0.0.1', 47011)) == 0
     children = []
-    try:
-        os.kill(-1, 0)  # any process of this namespace but PID 1 and this one
-        children.append('some')
-    except ProcessLookupError:
-        pass
+    for pid in range(2, 4096):  # PID 1, this process and the checker, nothing else
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        if pid != os.getpid():
+            children.append(pid)
+    children = ['some'] if len(children) > 1 else []
     left = found + in_memory + (['port 47011 still listening'] if taken else []) + children
     return left
 """

@@ -1,0 +1,289 @@
+"""The checker of a Python-tests job, in the sandbox (``bwrap.py`` joins this file to the
+harness): the process that runs the reference's tests and judges them, apart from the
+program's.
+
+The job's PID 1 forks it and it alone reads the tests (from the job's memfd, past what PID 1
+read). A name the tests use but do not define (the entry point, a helper of the program's)
+is a ``Remote``: calling it is a request to the program's process (``candidate.py``), which
+answers with a plain value (``wire.py``) or the exception it raised, raised here in turn.
+The values an assert compares are builtin values made here, so no object of the program's
+decides an ``==``; the program cannot reach this process's memory, frames or hooks.
+
+PID 1 forks the program's process at the first call and watches each test's CPU time on
+its clock; the process keeps its state from test to test, as the tests expect (an object
+made in setup, used by the asserts after). When it ends (a crash, its CPU time, an exit),
+PID 1 writes why on its answers' pipe (``("D", reason)``): the running test fails so, and
+PID 1 goes on after it with a new checker and a new process. A test that made no call to
+the program since the previous test is no test (``U``): it checks nothing of the program.
+
+To PID 1, on the control socket, one line each: ``S i`` (test i begins), ``P i``, ``F i
+reason``, ``U i``; ``N`` (the program's process: PID 1 answers with its two pipe ends),
+``R`` (it is ready), ``W`` (end it, and why did it end: PID 1 answers with the reason);
+``E`` (all run) or ``X reason`` (the tests themselves failed).
+"""
+
+from __future__ import annotations
+
+import builtins
+import marshal
+import os
+import socket
+
+from arbiter.services.sandbox.harness import cut, signal  # one program in the sandbox: dropped
+from arbiter.services.sandbox.wire import WireError, wire_recv, wire_send  # dropped there too
+
+
+class ProgramFailed(Exception):
+    """The program's process could not answer (it died, ran out of time, sent junk): the
+    running test fails with this reason."""
+
+
+class Link:
+    """The checker's end of the program's current process."""
+
+    def __init__(self, ctl):
+        self.ctl = ctl
+        self.fds = None  # (requests, answers) of the current process
+        self.started = False  # the program's process was asked for (once a checker)
+        self.calls = 0  # requests since the previous test ended
+        self.broken = ""  # the program fails at load: every test fails so
+        self.gone = ""  # why its process ended
+        self.gen = 0
+
+    def say(self, line):
+        self.ctl.sendall(line.encode("utf-8", "replace") + b"\n")
+
+    def line(self):
+        data = b""
+        while not data.endswith(b"\n"):
+            chunk = self.ctl.recv(4096)
+            if not chunk:
+                raise SystemExit(0)  # PID 1 is done with us
+            data += chunk
+        return data.decode("utf-8", "replace").strip()
+
+    def start(self):
+        self.started = True
+        self.say("N")
+        _, fds, _, _ = socket.recv_fds(self.ctl, 16, 2)
+        if len(fds) != 2:
+            raise SystemExit(0)
+        self.fds, self.gen = fds, self.gen + 1
+        try:
+            first = wire_recv(fds[1])
+        except (EOFError, OSError):
+            first = (self.why(),)
+        except WireError as exc:
+            first = (f"the program's answer cannot be read: {exc}",)
+        if first == ("ready",):
+            self.say("R")
+            return
+        if isinstance(first, tuple) and len(first) == 2 and first[0] in ("L", "D"):
+            first = (str(first[1]),)
+        elif not (isinstance(first, tuple) and len(first) == 1 and isinstance(first[0], str)):
+            first = ("the program's answer cannot be read",)
+        self.broken = cut(first[0]) + " before the tests ran"
+        self.close()
+        self.why()  # PID 1 ends it
+
+    def close(self):
+        for fd in self.fds or ():
+            os.close(fd)
+        self.fds = None
+
+    def why(self):
+        self.say("W")
+        return self.line() or "the program ended"
+
+    def ask(self, request):
+        if not self.started and not self.broken:
+            self.start()
+        if self.broken:
+            raise ProgramFailed(self.broken)
+        if self.fds is None:  # its process ended in an earlier request
+            raise ProgramFailed(self.gone)
+        self.calls += 1
+        try:
+            wire_send(self.fds[0], request, self.pack_ref)
+        except WireError as exc:
+            raise TypeError(f"the test passes what cannot reach the program: {exc}") from None
+        except OSError:
+            pass  # it is gone: the answer's end says so
+        try:
+            reply = wire_recv(self.fds[1], self.make_ref)
+        except (EOFError, OSError):
+            self.gone = f"{self.why()} during the test"
+            self.close()
+            raise ProgramFailed(self.gone) from None
+        except WireError as exc:
+            self.gone = f"the program's answer cannot be read: {exc}"
+            self.close()
+            self.why()  # PID 1 ends it
+            raise ProgramFailed(self.gone) from None
+        if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "v":
+            return reply[1]
+        if isinstance(reply, tuple) and len(reply) == 3 and reply[0] == "e":
+            raise _exception(str(reply[1]), str(reply[2]))
+        if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "x":
+            raise ProgramFailed(cut(reply[1]))
+        if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "D":  # from PID 1
+            self.gone = f"{cut(reply[1])} during the test"
+            self.close()
+            raise ProgramFailed(self.gone)
+        self.gone = "the program's answer cannot be read"
+        self.close()
+        self.why()
+        raise ProgramFailed(self.gone)
+
+    def pack_ref(self, obj):
+        if isinstance(obj, Ref) and obj._gen == self.gen:
+            return "r", obj._key
+        if isinstance(obj, Remote):
+            return "n", obj._name
+        if isinstance(obj, Ref):
+            raise WireError("an object the program made for an earlier test")
+        raise WireError(f"a {type(obj).__name__} cannot be sent")
+
+    def make_ref(self, kind, key):
+        if kind != "r":
+            raise WireError("not a value (a name)")
+        return Ref(self, key)
+
+
+LINK: Link | None = None
+
+
+class Remote:
+    """A name of the program's, as the tests see it: calling it calls it there."""
+
+    __slots__ = ("_name",)
+
+    def __init__(self, name):
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        assert LINK is not None
+        return LINK.ask(("call", self._name, args, kwargs))
+
+    def __repr__(self):
+        return f"<the program's {self._name}>"
+
+
+class Ref:
+    """An object of the program's that is not a plain value (an instance of its own class,
+    a function it returned): it stays there; the tests can hand it back, call it, take an
+    attribute or an item, its length, truth or text -- each a request. It equals only
+    itself: the program's ``__eq__`` never runs for an assert."""
+
+    __slots__ = ("_gen", "_key", "_link")
+
+    def __init__(self, link, key):
+        self._link, self._key, self._gen = link, key, link.gen
+
+    def _ask(self, op, *args):
+        if self._gen != self._link.gen:
+            raise ProgramFailed("an object of the program's from an earlier test is gone")
+        return self._link.ask((op, int(self._key.split(" ", 1)[0]), *args))
+
+    def __call__(self, *args, **kwargs):
+        return self._ask("callr", args, kwargs)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return self._ask("attr", name)
+
+    def __getitem__(self, key):
+        return self._ask("item", key)
+
+    def __contains__(self, item):
+        return self._ask("contains", item) is True
+
+    def __iter__(self):
+        return iter(self._ask("iter"))
+
+    def __len__(self):
+        n = self._ask("len")
+        if type(n) is not int:
+            raise TypeError("len() of the program's object is not an int")
+        return n
+
+    def __bool__(self):
+        return self._ask("bool") is True
+
+    def __str__(self):
+        return str(self._ask("str"))
+
+    def __repr__(self):
+        return f"<{self._key.split(' ', 1)[-1]} object of the program's>"
+
+
+EXITS = ("SystemExit", "KeyboardInterrupt", "GeneratorExit")
+
+
+def _exception(name, message):
+    """The program's exception as the tests can catch it: a builtin one by its name, any
+    other an ``Exception`` of that name; leaving the program is a failure, not a signal."""
+    if name in EXITS:
+        return ProgramFailed(f"the program raised {name}" + (f": {message}" if message else ""))
+    cls = getattr(builtins, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Exception)):
+        cls = type(name if name.isidentifier() else "ProgramError", (Exception,), {})
+    try:
+        return cls(message) if message else cls()
+    except Exception:
+        return Exception(f"{name}: {message}")
+
+
+def checker_main(ctl_fd, secret_fd, secret_at, start, stop_on_fail):
+    """Child of PID 1: the tests from ``start``, each outcome a line on the control socket."""
+    global LINK
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # no KeyboardInterrupt from a program's kill
+    ctl = socket.socket(fileno=ctl_fd)
+    size = os.fstat(secret_fd).st_size - secret_at
+    data = b""
+    while len(data) < size:
+        chunk = os.pread(secret_fd, size - len(data), secret_at + len(data))
+        if not chunk:
+            break
+        data += chunk
+    os.close(secret_fd)
+    secret = marshal.loads(data)  # the service's own bytes
+    LINK = link = Link(ctl)
+    failed = [False]
+
+    def begin(i):
+        if i < start or (stop_on_fail and failed[0]):
+            return False
+        link.say(f"S {i}")
+        return True
+
+    def end(i, line):
+        link.say(line)
+        link.calls = 0
+
+    def passed(i):
+        end(i, f"P {i}" if link.calls else f"U {i}")
+
+    def fail(i, exc):
+        if not link.calls and not isinstance(exc, ProgramFailed):
+            end(i, f"U {i}")  # an assert on the tests' own values: not the program's doing
+            return
+        failed[0] = True
+        if isinstance(exc, ProgramFailed):
+            reason = str(exc)
+        elif isinstance(exc, AssertionError):
+            reason = "assertion failed" + (f": {exc}" if str(exc) else "")
+        else:
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        end(i, f"F {i} {cut(reason)}")
+
+    scope = {"__name__": "__arbiter_tests__", "__builtins__": builtins}
+    scope.update({n: Remote(n) for n in secret["names"] if not hasattr(builtins, n)})
+    scope.update(__arbiter_begin__=begin, __arbiter_pass__=passed, __arbiter_fail__=fail)
+    try:
+        exec(compile(secret["tests"], "<tests>", "exec"), scope)
+    except BaseException as exc:
+        link.say(f"X {cut(f'the tests stopped: {type(exc).__name__}: {exc}')}")
+        return
+    link.say("E")

@@ -1,0 +1,215 @@
+"""Plain values between the checker and the program's process, in the sandbox (``bwrap.py``
+joins this file to the harness).
+
+Only builtin values cross: None, bool, int, float, complex, str, bytes, bytearray, list,
+tuple, dict, set, frozenset, range, and ``fractions.Fraction`` and ``decimal.Decimal``
+(rebuilt from their numbers). A subclass crosses as its base type (a ``Counter`` as a
+dict, a ``namedtuple`` as a tuple): whatever its methods say, the checker gets the builtin
+value, whose ``==`` no program defines. An iterator (a generator, ``map``) crosses as the
+list of its first ``WIRE_ITEMS`` items and comes back as an iterator over them. Any other
+object stays in the program's process and crosses as a reference to it (``other``/``ref``
+hooks), which the checker can only hand back, call or ask about, never compare.
+
+The encoding is ours, bounded on both sides (size, depth); never pickle or marshal, which
+would read code from the program's bytes. A frame is a 4-byte length and the encoding.
+"""
+
+from __future__ import annotations
+
+import os
+import struct as _wire_struct
+import sys
+
+WIRE_MAX = 8 << 20  # bytes in one frame
+WIRE_DEPTH = 100  # nesting of containers
+WIRE_ITEMS = 100_000  # items taken from an iterator
+_WIRE_F = _wire_struct.Struct("<d")
+
+
+class WireError(Exception):
+    """A value that cannot cross (too large, too deep, not plain), or bytes that are not a
+    value."""
+
+
+def wire_pack(value, other=None):
+    out: list[bytes] = []
+    _wire_put(value, out, other, 0)
+    data = b"".join(out)
+    if len(data) > WIRE_MAX:
+        raise WireError(f"the value takes more than {WIRE_MAX >> 20} MB")
+    return data
+
+
+def _wire_len(n):
+    return n.to_bytes(4, "big")
+
+
+def _wire_int(n, out):
+    raw = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    out += [_wire_len(len(raw)), raw]
+
+
+def _wire_put(v, out, other, depth):
+    if depth > WIRE_DEPTH:
+        raise WireError("the value is nested too deeply")
+    if v is None or v is True or v is False:
+        out.append({None: b"N", True: b"T", False: b"F"}[v])
+    elif isinstance(v, int):
+        out.append(b"i")
+        _wire_int(int.__index__(v), out)
+    elif isinstance(v, float):
+        out += [b"f", _WIRE_F.pack(float.__float__(v))]
+    elif isinstance(v, complex):
+        out += [b"c", _WIRE_F.pack(complex.real.__get__(v)), _WIRE_F.pack(complex.imag.__get__(v))]
+    elif isinstance(v, str):
+        raw = str.encode(v, "utf-8", "surrogatepass")
+        out += [b"s", _wire_len(len(raw)), raw]
+    elif isinstance(v, bytes | bytearray):
+        raw = bytes(v)
+        out += [b"b" if isinstance(v, bytes) else b"y", _wire_len(len(raw)), raw]
+    elif isinstance(v, dict):
+        items = list(dict.items(v))
+        out += [b"d", _wire_len(len(items))]
+        for key, item in items:
+            _wire_put(key, out, other, depth + 1)
+            _wire_put(item, out, other, depth + 1)
+    elif isinstance(v, list | tuple | set | frozenset):
+        tag = b"l" if isinstance(v, list) else b"t" if isinstance(v, tuple) else b"S"
+        tag = b"Z" if isinstance(v, frozenset) else tag
+        items = list(v)
+        out += [tag, _wire_len(len(items))]
+        for item in items:
+            _wire_put(item, out, other, depth + 1)
+    elif type(v) is range:
+        out.append(b"R")
+        for n in (v.start, v.stop, v.step):
+            _wire_int(n, out)
+    elif _wire_number(v, "fractions", "Fraction"):
+        out.append(b"Q")
+        _wire_int(int(v.numerator), out)
+        _wire_int(int(v.denominator), out)
+    elif _wire_number(v, "decimal", "Decimal"):
+        raw = str(v).encode()
+        out += [b"D", _wire_len(len(raw)), raw]
+    elif hasattr(type(v), "__next__") and hasattr(type(v), "__iter__"):
+        items = []
+        for item in v:
+            if len(items) >= WIRE_ITEMS:
+                raise WireError(f"the iterator gives more than {WIRE_ITEMS} items")
+            items.append(item)
+        out += [b"g", _wire_len(len(items))]
+        for item in items:
+            _wire_put(item, out, other, depth + 1)
+    elif other is not None:
+        kind, key = other(v)  # ("r", number, type name) or ("n", name)
+        raw = str(key).encode("utf-8", "replace")
+        out += [b"r" if kind == "r" else b"n", _wire_len(len(raw)), raw]
+    else:
+        raise WireError(f"a {type(v).__name__} cannot be sent")
+
+
+def _wire_number(v, module, name):
+    cls = getattr(sys.modules.get(module), name, None)
+    return cls is not None and isinstance(v, cls)
+
+
+def wire_unpack(data, ref=None):
+    """The value ``data`` encodes; ``WireError`` for anything else."""
+    try:
+        value, pos = _wire_get(data, 0, ref, 0)
+    except WireError:
+        raise
+    except (IndexError, ValueError, TypeError, OverflowError, KeyError, ArithmeticError) as exc:
+        raise WireError(f"not a value ({type(exc).__name__})") from None
+    if pos != len(data):
+        raise WireError("not a value (bytes after it)")
+    return value
+
+
+def _wire_take(data, pos):
+    n = int.from_bytes(data[pos : pos + 4], "big")
+    end = pos + 4 + n
+    if len(data) < end:
+        raise WireError("not a value (cut short)")
+    return data[pos + 4 : end], end
+
+
+def _wire_get(data, pos, ref, depth):
+    if depth > WIRE_DEPTH:
+        raise WireError("the value is nested too deeply")
+    tag = data[pos : pos + 1]
+    pos += 1
+    if tag in (b"N", b"T", b"F"):
+        return {b"N": None, b"T": True, b"F": False}[tag], pos
+    if tag == b"i":
+        raw, pos = _wire_take(data, pos)
+        return int.from_bytes(raw, "little", signed=True), pos
+    if tag == b"f":
+        return _WIRE_F.unpack_from(data, pos)[0], pos + 8
+    if tag == b"c":
+        return complex(_WIRE_F.unpack_from(data, pos)[0], _WIRE_F.unpack_from(data, pos + 8)[0]), (
+            pos + 16
+        )
+    if tag in (b"s", b"b", b"y", b"D", b"r", b"n"):
+        raw, pos = _wire_take(data, pos)
+        if tag == b"s":
+            return raw.decode("utf-8", "surrogatepass"), pos
+        if tag in (b"b", b"y"):
+            return (bytes(raw) if tag == b"b" else bytearray(raw)), pos
+        if tag == b"D":
+            import decimal
+
+            return decimal.Decimal(raw.decode("ascii")), pos
+        if ref is None:
+            raise WireError("not a value (a reference)")
+        return ref(tag.decode(), raw.decode("utf-8", "replace")), pos
+    if tag in (b"R", b"Q"):
+        nums = []
+        for _ in range(3 if tag == b"R" else 2):
+            raw, pos = _wire_take(data, pos)
+            nums.append(int.from_bytes(raw, "little", signed=True))
+        if tag == b"R":
+            return range(*nums), pos
+        import fractions
+
+        return fractions.Fraction(*nums), pos
+    if tag in (b"l", b"t", b"S", b"Z", b"g", b"d"):
+        n = int.from_bytes(data[pos : pos + 4], "big")
+        pos += 4
+        if n > len(data) - pos:
+            raise WireError("not a value (too many items)")
+        items = []
+        for _ in range(2 * n if tag == b"d" else n):
+            item, pos = _wire_get(data, pos, ref, depth + 1)
+            items.append(item)
+        if tag == b"d":
+            return dict(zip(items[::2], items[1::2], strict=True)), pos
+        kinds: dict = {b"l": list, b"t": tuple, b"S": set, b"Z": frozenset, b"g": iter}
+        return kinds[tag](items), pos
+    raise WireError("not a value (unknown tag)")
+
+
+def wire_send(fd, value, other=None):
+    data = wire_pack(value, other)
+    view = memoryview(_wire_len(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def wire_read(fd, n):
+    chunks, left = [], n
+    while left:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise EOFError
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def wire_recv(fd, ref=None):
+    """The next frame's value; ``EOFError`` when the other end is gone."""
+    n = int.from_bytes(wire_read(fd, 4), "big")
+    if n > WIRE_MAX:
+        raise WireError(f"a frame of {n} bytes")
+    return wire_unpack(wire_read(fd, n), ref)
