@@ -42,7 +42,8 @@ ITEM_ERRORS = Counter("verify_item_errors_total", "Null scores, by error kind.",
 PATHS = Counter(
     "verify_math_path_total",
     "How math items were decided: fast_path (plain numbers, without math-verify), "
-    "math_verify, no_answer, conflict, no_reference, failed (the worker died or overran the "
+    "math_verify, text (a word answer such as \\text{odd}), no_answer, conflict, no_reference, "
+    "failed (the worker died or overran the "
     "deadline).",
     ["path"],
 )
@@ -51,7 +52,7 @@ PATHS = Counter(
 # comparison itself, and it ran several times per item.
 _PATH = {
     p: PATHS.labels(p)
-    for p in ("fast_path", "math_verify", "no_answer", "conflict", "no_reference", "failed")
+    for p in ("fast_path", "math_verify", "text", "no_answer", "conflict", "no_reference", "failed")
 }
 _MATH_OUTCOME = {o: ITEMS.labels("math_accuracy", o) for o in ("correct", "wrong", "null")}
 _FORMAT_OUTCOME = {o: ITEMS.labels("format", o) for o in ("correct", "wrong", "null")}

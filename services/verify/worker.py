@@ -31,23 +31,25 @@ import logging
 import os
 import signal
 import time
+from fractions import Fraction
 from functools import lru_cache
 from itertools import product
 from multiprocessing.connection import Connection
 from typing import Any
 
-from math_verify import parse, verify
+from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
 from arbiter.errors import ItemResult
-from arbiter.services.verify.extract import (
-    INFO_CHARS,
+from arbiter.services.verify.extract import INFO_CHARS, extract_answer
+from arbiter.services.verify.normalize import (
     Number,
-    extract_answer,
     latex_wrap,
     long_integer,
     looks_like_text,
     numbers_equal,
+    plain_words,
+    text_answer,
     to_number,
 )
 
@@ -66,27 +68,59 @@ RUNNING, STARTED, YIELD, CHUNK = 0, 1, 2, 3
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 
+# What Math-Verify's own tests parse with (``compare_strings``): boxes first, then the
+# last LaTeX expression, then the last plain expression.
+_EXTRACTION = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+
+
+# Text that already marks its math: math-verify reads it as written (``\\$`` and all).
+_DELIMITED = ("$", "\\(", "\\[", "\\boxed", "\\fbox")
+
+
 class _ItemTimeout(Exception):
     pass
 
 
-def _mv_text(text: str) -> str:
+def _decimal(v: Fraction) -> str | None:
+    """``v`` as a finite decimal (``4.123105625617661``), when it has one of few digits:
+    math-verify compares a decimal with a surd to its rounding, a fraction exactly."""
+    den, twos, fives = v.denominator, 0, 0
+    while den % 2 == 0:
+        den, twos = den // 2, twos + 1
+    while den % 5 == 0:
+        den, fives = den // 5, fives + 1
+    places = max(twos, fives)
+    if den != 1 or places > 30:
+        return None
+    digits = str(abs(v.numerator) * 10**places // v.denominator).rjust(places + 1, "0")
+    sign = "-" if v < 0 else ""
+    return f"{sign}{digits[:-places]}.{digits[-places:]}"
+
+
+def _mv_text(text: str, whole: bool = False) -> str:
     """What math-verify reads: a plain number in canonical form (so ``72 dollars`` is not
-    read as the product 72·d·o·l·l·a·r·s), anything else with LaTeX delimiters."""
+    read as the product 72·d·o·l·l·a·r·s), a whole response as it is (math-verify's own
+    extraction picks its answer), anything else with LaTeX delimiters."""
     num = to_number(text)
     if num is None:
+        raw = text.strip()
+        if any(d in raw for d in _DELIMITED) or (whole and "\n" in raw):
+            return raw  # math-verify's own extraction, on the text as written
         return latex_wrap(text)
     v = num.value
-    body = str(v.numerator) if v.denominator == 1 else f"\\frac{{{v.numerator}}}{{{v.denominator}}}"
+    if v.denominator == 1:
+        body = str(v.numerator)
+    else:
+        body = _decimal(v) or f"\\frac{{{v.numerator}}}{{{v.denominator}}}"
     return f"${body}\\%$" if num.percent else f"${body}$"
 
 
-def _parse(text: str, timeout_s: int, gold: bool) -> list[Any]:
+def _parse(text: str, timeout_s: int, whole: bool = False) -> list[Any]:
     try:
         return list(
             parse(
-                _mv_text(text),
-                fallback_mode="no_fallback" if gold else "first_match",
+                _mv_text(text, whole),
+                _EXTRACTION,
                 parsing_timeout=timeout_s,
                 raise_on_error=True,
             )
@@ -103,7 +137,7 @@ def _parse(text: str, timeout_s: int, gold: bool) -> list[Any]:
 # items take (23 vs 33 ms measured), that another team just used the same reference.
 @lru_cache(maxsize=4096)
 def _parse_gold(gold: str, timeout_s: int, team: str = "") -> tuple[Any, ...]:
-    return tuple(_parse(gold, timeout_s, gold=True))
+    return tuple(_parse(gold, timeout_s))
 
 
 def _mv_equal(gold: tuple[Any, ...], pred: list[Any], timeout_s: int) -> bool:
@@ -129,11 +163,13 @@ def score_item(
     timeout_s: int,
     always_mv: bool = False,
     team: str = "",
+    whole: bool = False,
 ) -> ItemResult:
     """1.0 / 0.0, or null with a kind. Equal as numbers (our normalisation) or equal for
     math-verify counts as equal. ``always_mv`` runs math-verify even when the numbers
     already agree (the benchmark's no-fast-path mode). ``team``: whose parsed references
-    to reuse (each team has its own)."""
+    to reuse (each team has its own). ``whole``: ``pred`` is a whole response, for
+    math-verify's own extraction."""
     g_num, p_num = to_number(gold), to_number(pred)
     numeric = g_num is not None and p_num is not None
     num_equal = (
@@ -145,7 +181,7 @@ def score_item(
         return error
     try:
         gold_parsed = _parse_gold(gold, timeout_s, team)
-        pred_parsed = _parse(pred, timeout_s, gold=False) if gold_parsed else []
+        pred_parsed = _parse(pred, timeout_s, whole) if gold_parsed else []
         mv_equal = bool(pred_parsed) and _mv_equal(gold_parsed, pred_parsed, timeout_s)
         return CORRECT if mv_equal or num_equal else WRONG
     except _ItemTimeout as exc:
@@ -205,11 +241,22 @@ def score_response(
         path = "conflict" if ex.status == "conflict" else "no_answer"
         return _gold_error(gold, timeout_s, team) or WRONG, path, None
     answer = ex.text.strip()[:INFO_CHARS]
+    words = _gold_words(gold, team)
+    if words is not None:  # a word answer (``\\text{odd}``): the same words, or wrong
+        return (CORRECT if plain_words(ex.text) == words else WRONG), "text", answer
     decided = _fast(gold, ex.text, rel_tolerance, team) if fast else None
     if decided is not None:
         return decided, "fast_path", answer
-    result = score_item(gold, ex.text, rel_tolerance, timeout_s, not fast, team)
+    whole = ex.source == "whole"
+    result = score_item(gold, ex.text, rel_tolerance, timeout_s, not fast, team, whole)
+    if ex.parts > 1 and result.score == 0.0:  # several boxes, not the reference's parts
+        return result, "conflict", answer
     return result, "math_verify", answer
+
+
+@lru_cache(maxsize=4096)
+def _gold_words(gold: str, team: str = "") -> str | None:
+    return text_answer(gold)
 
 
 def worker_main(conn: Connection, shared: Any, timeout_s: int, nice: int = 0) -> None:
@@ -262,6 +309,9 @@ def warm_up() -> None:
 
 
 def _warm_up() -> None:
-    for gold, pred in (("5", "\\sqrt{25}"), ("x+1", "1+x"), ("\\frac{1}{2}", "0.5"), ("3", "3!")):
+    # ("3", "\\sqrt{16}") reaches sympy's simplify, whose first call imports sympy.physics
+    # (1.4 s): done here once, not by the first such item of every worker.
+    pairs = (("5", "\\sqrt{25}"), ("x+1", "1+x"), ("\\frac{1}{2}", "0.5"), ("3", "3!"))
+    for gold, pred in (*pairs, ("3", "\\sqrt{16}"), ("x = 2, y = 3", "(2, 3)")):
         score_item(gold, pred, 1e-6, 5, True)
         score_response(f"<answer>{pred}</answer>", gold, 1e-6, 5)

@@ -98,7 +98,7 @@ def test_groups_echo_ids_and_order(verify_url: str) -> None:
     assert [g["id"] for g in body["groups"]] == ["first", "", "third"]
     assert [g["scores"] for g in body["groups"]] == [
         [1.0, 0.0, 0.0, 1.0],
-        [0.0, 1.0, 0.0],  # "$1+x$" has no marker: its last number (1) is the answer
+        [1.0, 1.0, 0.0],  # "$1+x$": no marker, a formula in LaTeX, read whole (not "1")
         [0.0, 1.0],
     ]
     assert body["groups"][2]["info"]["answers"] == [None, "12"]
