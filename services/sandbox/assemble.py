@@ -16,6 +16,8 @@ Pure functions, no I/O. A response is code alone, or prose with fenced code bloc
 - **stdin/stdout tests**: the last block that reads input (``input(``, ``sys.stdin``,
   ``open(0)``, ``fileinput``), plus what it needs, likewise.
 - Otherwise the last block that is Python, else the last block, else the whole response.
+  Code without fences in prose ("Here it is:" then code then "It runs in O(n).") is the
+  longest run of its lines that parses, starting with a statement at column 0.
 
 Blocks are dedented. The prompt lends definitions only when it parses as Python (HumanEval's
 prompts do: imports, helpers such as ``poly``; a prose prompt does not).
@@ -39,6 +41,12 @@ READS_INPUT = re.compile(
 )
 BUILTINS = frozenset(dir(builtins))
 MAX_PULLED = 1000  # statements taken from the prompt and other blocks, at most
+MAX_SEARCH_CHARS = 200_000  # parsed looking for the code in an unfenced response, at most
+# a line that may begin the code of an unfenced response: a statement at column 0
+CODE_START = re.compile(
+    r"(?:async\s+def|def|class|import|from|for|while|if|try|with|print)\b|@"
+    r"|[A-Za-z_][\w.]*(?:\s*,\s*[A-Za-z_]\w*)*\s*=[^=]"
+)
 DEFINITIONS = (
     ast.FunctionDef,
     ast.AsyncFunctionDef,
@@ -101,7 +109,7 @@ def extract_program(response: str, want: Wanted | None = None) -> str:
     """The program to run for ``response`` against tests that need ``want`` (module doc)."""
     want = want or Wanted()
     raw = FENCE.findall(response)
-    texts = [textwrap.dedent(b) for b in raw] or [response]
+    texts = [textwrap.dedent(b) for b in raw] or [_unfenced(response)]
     blocks = [_Source(text, _parse(text)) for text in texts]
     parsed = [(i, b) for i, b in enumerate(blocks) if b.tree is not None]
     if want.stdio:
@@ -161,6 +169,36 @@ def _body_only(response: str, raw: list[str], want: Wanted) -> str | None:
     except (SyntaxError, ValueError, MemoryError, RecursionError):
         return None
     return program
+
+
+def _unfenced(response: str) -> str:
+    """Code without fences: all of it when it parses, else the longest run of lines that
+    parses and starts with a statement at column 0 (a definition, an import, an assignment:
+    prose before and after the code left out; evalplus's ``code_extract`` tries every run,
+    this one parses at most ``MAX_SEARCH_CHARS`` characters)."""
+    if _parse(response) is not None:
+        return response
+    lines = response.splitlines(keepends=True)
+    offset = [0]  # offset[i]: where line i starts; code[i]: non-blank lines before line i
+    code = [0]
+    for line in lines:
+        offset.append(offset[-1] + len(line))
+        code.append(code[-1] + bool(line.strip()))
+    best, best_size, budget = response, 0, MAX_SEARCH_CHARS
+    for start in (i for i, line in enumerate(lines) if CODE_START.match(line)):
+        for end in range(len(lines), start, -1):
+            size = code[end] - code[start]
+            length = offset[end] - offset[start]
+            if size <= best_size or length > budget:
+                break
+            budget -= length
+            text = response[offset[start] : offset[end]]
+            if _parse(text) is not None:
+                best, best_size = text, size
+                break
+        if budget <= 0 or code[-1] - code[start] <= best_size:
+            break
+    return best
 
 
 def _last(indices: Iterable[int]) -> int | None:

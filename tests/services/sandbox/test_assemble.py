@@ -143,13 +143,48 @@ def test_every_way_of_reading_input_marks_the_stdio_block(reader: str) -> None:
         ("Sure:\n```python\nx = 1\n```\nDone.", "x = 1\n"),  # one fenced block
         ("```\nx = 1\n```\nthen\n```py\nx = 2\n```", "x = 2\n"),  # the last one counts
         ("  ```python\n  y = 3\n  ```", "y = 3\n"),  # indented fences: dedented
-        ("```python\nunclosed = 1\n", "```python\nunclosed = 1\n"),  # not a block: all of it
+        ("```python\nunclosed = 1\n", "unclosed = 1\n"),  # a fence never closed: its code
         ("```python\nz = 1\n```\n```text\nz equals one\n```", "z = 1\n"),  # the last that is Python
         ("```python\nbroken(\n```", "broken(\n"),  # none is Python: the last, to fail as is
     ],
 )
 def test_without_needs_the_program_is_the_last_python_block(response: str, program: str) -> None:
     assert extract_program(response) == program
+
+
+@pytest.mark.parametrize(
+    ("response", "program"),
+    [
+        # prose around code without fences: the code alone (evalplus's code_extract)
+        (
+            "Here is the solution:\n\nimport math\n\ndef area(r):\n    return math.pi * r * r\n"
+            "\nIt returns the area. Example: area(1) is about 3.14.\n",
+            "import math\n\ndef area(r):\n    return math.pi * r * r\n\n",
+        ),
+        (
+            "Sure!\nn = int(input())\nprint(n * n)\nThat reads n.\n",
+            "n = int(input())\nprint(n * n)\n",
+        ),
+        # prose that starts like a statement but is none is passed over
+        (
+            "for example, this one:\ndef area(r): return 3 * r * r\n",
+            "def area(r): return 3 * r * r\n",
+        ),
+        # nothing in it parses: left as written, to fail with its own syntax error
+        ("Area is pi r squared.\nUse it.\n", "Area is pi r squared.\nUse it.\n"),
+    ],
+)
+def test_unfenced_code_in_prose_is_the_longest_run_that_parses(response: str, program: str) -> None:
+    want = wanted("assert area(1) > 3\n", "Write area.", None, False)
+    assert extract_program(response, want) == program
+
+
+def test_an_unfenced_body_with_helpers_after_it_is_still_a_body_only_completion() -> None:
+    response = (
+        BODY.replace("-xs[0] / xs[1]", "flip(xs)")
+        + "\n\ndef flip(xs):\n    return -xs[0] / xs[1]\n"
+    )
+    assert run(extract_program(response, HE), "find_zero([1, 2])") == -0.5
 
 
 def test_a_future_import_stays_first_when_definitions_are_added() -> None:
