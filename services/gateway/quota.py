@@ -31,7 +31,11 @@ replica's share more.
 **A queue for Redis is not an outage.** A team's quota calls go to Redis at most
 ``max(1, GATEWAY_REDIS_MAX_CONNECTIONS // 4)`` at a time; the rest wait their turn, at most
 ``GATEWAY_QUOTA_WAIT_S``, then are refused with 429 ``quota_busy`` (``Retry-After: 1``). A
-team that floods the gateway is refused; the pool stays open to the other teams.
+team that floods the gateway is refused; the pool stays open to the other teams. Most of a
+flood never queues: each process also keeps whole buckets debited by what it took itself
+and by the calls it has waiting (``mine``). The shared bucket, debited by every replica,
+never holds more, so a request this process alone has no room for is refused with 429
+``quota_exceeded`` at once, without Redis.
 """
 
 from __future__ import annotations
@@ -153,8 +157,8 @@ class LocalBuckets:
         self._levels[key] = (max(-cap * self.share, level), now)
 
     def wait_s(self, team: str, rpm: int, cost: int, jcap: int, judge: bool) -> tuple[float, str]:
-        """Take ``cost`` responses and return (0, ""), or take nothing and return the seconds
-        until there is enough and the quota short of it: ``TAKE_LUA``'s rule, in process."""
+        """(0, "") if there is enough for ``cost`` responses, else the seconds until there is
+        and the quota short of it: ``TAKE_LUA``'s rule, in process. Takes nothing."""
         now = time.monotonic()
         if rpm:
             r = self.level((team, RESPONSES), rpm, now)
@@ -165,8 +169,6 @@ class LocalBuckets:
             j = self.level((team, JUDGE), jcap, now)
             if j <= 0:
                 return (1 - j) * PERIOD_S[JUDGE] / (jcap * self.share), "judge_tokens_per_day"
-        if rpm:
-            self.add((team, RESPONSES), rpm, cost, now)
         return 0.0, ""
 
 
@@ -184,7 +186,10 @@ class Quota:
     ):
         self._take = redis.register_script(TAKE_LUA)
         self._charge = redis.register_script(CHARGE_LUA)
-        self.local = LocalBuckets(share)
+        self.local = LocalBuckets(share)  # decides while Redis cannot
+        # What this process took, on whole buckets: the shared bucket, debited by every
+        # replica, never holds more, so a request it is short for is refused without Redis.
+        self.mine = LocalBuckets(1.0)
         self.per_team = per_team  # a team's quota calls at Redis at once
         self.wait_s = wait_s  # how long one waits for its turn
         self.retry_s = retry_s  # after a Redis failure, decide locally this long
@@ -213,22 +218,34 @@ class Quota:
         taken = responses if rpm else 0
         if time.monotonic() < self._local_until:
             return self._take_locally(team, rpm, responses, jcap, uses_judge, taken)
-        async with self._turn(team):
-            if time.monotonic() < self._local_until:  # Redis failed while this one waited
-                return self._take_locally(team, rpm, responses, jcap, uses_judge, taken)
-            owed = self._owed.pop((team, RESPONSES), 0), self._owed.pop((team, JUDGE), 0)
-            try:
-                answer = await self._take(
-                    keys=bucket_keys(team), args=[rpm, responses, jcap, int(uses_judge), *owed]
-                )
-            except (RedisError, OSError, TimeoutError) as exc:
-                self._owe(team, RESPONSES, owed[0])
-                self._owe(team, JUDGE, owed[1])
-                self._failed("take", exc)
-                return self._take_locally(team, rpm, responses, jcap, uses_judge, taken)
+        self._check_mine(team, rpm, responses, jcap, uses_judge)
+        # Reserved in ``mine`` while it waits: a burst's requests past what this process
+        # could ever be given are refused at once instead of queueing for Redis.
+        self.mine.add((team, RESPONSES), rpm, taken)
+        answer = None
+        try:
+            async with self._turn(team):
+                if time.monotonic() < self._local_until:  # Redis failed while this one waited
+                    raise _GoLocal
+                owed = self._owed.pop((team, RESPONSES), 0), self._owed.pop((team, JUDGE), 0)
+                try:
+                    answer = await self._take(
+                        keys=bucket_keys(team), args=[rpm, responses, jcap, int(uses_judge), *owed]
+                    )
+                except (RedisError, OSError, TimeoutError) as exc:
+                    self._owe(team, RESPONSES, owed[0])
+                    self._owe(team, JUDGE, owed[1])
+                    self._failed("take", exc)
+                    raise _GoLocal from None
+        except _GoLocal:
+            pass
+        finally:
+            if answer is None or int(answer[0]) != 1:
+                self.mine.add((team, RESPONSES), rpm, -taken)  # the reservation goes back
+        if answer is None:
+            return self._take_locally(team, rpm, responses, jcap, uses_judge, taken)
         if int(answer[0]) == 1:
-            if rpm:
-                self.local.add((team, RESPONSES), rpm, responses)
+            self.local.add((team, RESPONSES), rpm, taken)  # ``mine`` has it already
             return taken
         quota = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
         raise _refusal(team, quota, int(answer[1]) / 1000)
@@ -239,8 +256,23 @@ class Quota:
         wait_s, quota = self.local.wait_s(team, rpm, responses, jcap, judge)
         if quota:
             raise _refusal(team, quota, wait_s)
+        self._debit(team, RESPONSES, rpm, taken)
         self._owe(team, RESPONSES, taken)
         return taken
+
+    def _check_mine(self, team: str, rpm: int, responses: int, jcap: int, judge: bool) -> None:
+        """429 if this process alone has taken what the request needs (``self.mine``); not
+        while it owes Redis (the call goes to Redis, which gets what is owed)."""
+        if self._owed.get((team, RESPONSES)) or self._owed.get((team, JUDGE)):
+            return
+        wait_s, quota = self.mine.wait_s(team, rpm, responses, jcap, judge)
+        if quota:
+            raise _refusal(team, quota, wait_s)
+
+    def _debit(self, team: str, kind: str, cap: int, amount: int) -> None:
+        if cap and amount:
+            self.local.add((team, kind), cap, amount)
+            self.mine.add((team, kind), cap, amount)
 
     @asynccontextmanager
     async def _turn(self, team: str) -> AsyncIterator[None]:
@@ -289,7 +321,7 @@ class Quota:
             await self._run_charge(who.team, RESPONSES, rpm, -responses)
 
     async def _run_charge(self, team: str, kind: str, cap: int, amount: int) -> None:
-        self.local.add((team, kind), cap, amount)
+        self._debit(team, kind, cap, amount)
         if time.monotonic() < self._local_until:
             self._owe(team, kind, amount)
             return
@@ -299,6 +331,10 @@ class Quota:
         except (RedisError, OSError, TimeoutError) as exc:
             self._owe(team, kind, amount)
             self._failed("charge", exc)
+
+
+class _GoLocal(Exception):
+    """Redis cannot answer this quota call: the process's own buckets decide."""
 
 
 def _refusal(team: str, quota: str, wait_s: float) -> RateLimited:

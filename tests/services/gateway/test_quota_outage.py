@@ -10,8 +10,10 @@ flood of 400 concurrent one-response requests, with the gateway's pool cut to 8 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -29,6 +31,25 @@ RPM = 120
 CONCURRENCY = 400
 FLOOD_S = 20.0
 STALL_AT_S, STALL_S = 4.0, 8.0
+
+
+# Another team's client: one two-response request every 0.5 s; prints [[status, seconds]].
+OTHER_TEAM = """
+import json, sys, time, uuid
+import httpx
+url, authorization, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+out, end = [], time.monotonic() + seconds
+with httpx.Client(base_url=url, timeout=120, headers={"Authorization": authorization}) as c:
+    while time.monotonic() < end:
+        tag = uuid.uuid4().hex
+        group = {"prompt": tag + ": 1 + 1?", "reference": "2",
+                 "responses": [f"<think>{tag}</think><answer>2</answer>", "3"]}
+        sent = time.monotonic()
+        r = c.post("/v1/score", json={"recipe": "gsm8k", "groups": [group]})
+        out.append([r.status_code, time.monotonic() - sent])
+        time.sleep(0.5)
+print(json.dumps(out))
+"""
 
 
 @dataclass
@@ -54,9 +75,9 @@ class Flood:
 
 async def _flood(flood: Flood, pause: asyncio.Event) -> None:
     h_flood, h_other = flood.keys.headers("flood"), flood.keys.headers("other")
-    limits = httpx.Limits(  # idle connections closed before the server's 5 s keep-alive does
-        max_connections=CONCURRENCY + 8, max_keepalive_connections=CONCURRENCY, keepalive_expiry=2
-    )
+    # A connection per request: a client this busy may read an answer seconds late and
+    # reuse its connection just as the server closes it after its 5 s keep-alive.
+    limits = httpx.Limits(max_connections=CONCURRENCY + 8, max_keepalive_connections=0)
     async with httpx.AsyncClient(base_url=flood.url, timeout=120, limits=limits) as client:
         stop_at = time.monotonic() + FLOOD_S
 
@@ -74,13 +95,15 @@ async def _flood(flood: Flood, pause: asyncio.Event) -> None:
                     await asyncio.sleep(min(float(r.headers.get("retry-after", 1)), 1.0))
 
         async def other_team() -> None:
-            while time.monotonic() < stop_at:
-                body = {"recipe": "gsm8k", "groups": groups(1, 2)}
-                sent = time.monotonic()
-                r = await client.post("/v1/score", json=body, headers=h_other)
-                flood.other.append(r.status_code)
-                flood.other_s.append(time.monotonic() - sent)
-                await asyncio.sleep(0.5)
+            # its own process: its latency is the gateway's, not this flooding client's
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-c", OTHER_TEAM, flood.url, h_other["Authorization"],
+                str(FLOOD_S), stdout=asyncio.subprocess.PIPE,
+            )  # fmt: skip
+            out, _ = await proc.communicate()
+            for status, seconds in json.loads(out):
+                flood.other.append(status)
+                flood.other_s.append(seconds)
 
         flood.started = time.monotonic()
         tasks = [asyncio.create_task(one_client(i)) for i in range(CONCURRENCY)]
