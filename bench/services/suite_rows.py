@@ -36,7 +36,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-TEST_TIMEOUT_S = 3.0
+TEST_TIMEOUT_S = 3.0  # a mutant past it is passed over: it would only measure the limit
+CANONICAL_TIMEOUT_S = 30.0  # the suites' solutions pass, on a loaded machine too
 
 FLIP: dict[type, type] = {
     ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt,
@@ -163,15 +164,17 @@ def mbpp_entry(row: dict[str, Any]) -> str:
 # ------------------------------------------------------------------ the reference
 
 
-def check(program: str, tests: str, entry: str | None) -> dict[str, Any]:
+def check(
+    program: str, tests: str, entry: str | None, timeout_s: float = TEST_TIMEOUT_S
+) -> dict[str, Any]:
     """``suite_check``'s verdicts for one program, in a subprocess of its own."""
     job = {"program": program, "tests": tests, "entry_point": entry}
     proc = subprocess.run(
         [sys.executable, "-m", "bench.services.suite_check"],
-        input=json.dumps({**job, "test_timeout_s": TEST_TIMEOUT_S}),
+        input=json.dumps({**job, "test_timeout_s": timeout_s}),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,
         check=False,
         cwd=Path(__file__).resolve().parents[2],
     )
@@ -191,7 +194,7 @@ def problem(
 ) -> dict[str, Any]:
     """One row: the group's prompt and reference and each response with its expected score."""
     arg = entry if check_ else None
-    canonical = check(program, tests, arg)
+    canonical = check(program, tests, arg, CANONICAL_TIMEOUT_S)
     responses: dict[str, tuple[str, dict[str, Any]]] = {"canonical": (fenced(program), canonical)}
     for mutant in mutants(program, entry):
         result = check(mutant, tests, arg)

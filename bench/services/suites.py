@@ -70,11 +70,13 @@ MBPP_SAMPLE = {
     "Mbpp/98": "test_imports: math; math.isclose",
     "Mbpp/111": "set comparisons on a nested list",
     "Mbpp/124": "test_imports: math; math.isclose on a complex angle",
+    "Mbpp/126": "the solution is named sum: the asserts' sum(...) is the program's",
     "Mbpp/160": "assert f(...) == None: return None passes one",
     "Mbpp/163": "test_imports: math; math.isclose",
     "Mbpp/233": "test_imports: math; math.isclose",
     "Mbpp/395": "== None expected once",
     "Mbpp/431": "== None expected once",
+    "Mbpp/596": "the asserts use sys, which only the solution imports (no test_imports)",
     "Mbpp/620": "a bug that passes two of three",
     "Mbpp/737": "== None expected once, regular expressions",
     "Mbpp/755": "== None expected twice of four",
@@ -136,14 +138,20 @@ async def score_all(url: str, rows: list[dict[str, Any]], clients: int) -> list[
 
 
 def agreement(rows: list[dict[str, Any]], answers: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per kind of response: how many scores equal the careful grader's, and each that does
-    not; for bugs, also whether ``score < 1`` agrees with the suite harness's verdict."""
+    """Per kind of response: how many scores equal the careful grader's (and each that does
+    not), how many counts of tests equal the number of real tests; for bugs, also whether
+    ``score < 1`` agrees with the suite harness's verdict."""
     table: dict[str, Any] = {}
     for row, got in zip(rows, answers, strict=True):
         for j, case in enumerate(row["cases"]):
-            entry = table.setdefault(case["kind"], {"n": 0, "agree": 0, "disagree": []})
+            entry = table.setdefault(
+                case["kind"], {"n": 0, "agree": 0, "tests_agree": 0, "disagree": []}
+            )
             entry["n"] += 1
             score = got["scores"][j]
+            # the count of tests: the real ones, as the reference counts them
+            counted = (got["info"].get("tests") or [None] * (j + 1))[j]
+            entry["tests_agree"] += counted == case["tests"]
             expected = case["expected"]
             if score is not None and expected is not None and abs(score - expected) < 1e-9:
                 entry["agree"] += 1
@@ -195,7 +203,8 @@ def header(command: str, humaneval: Path, mbpp: Path, workers: int) -> dict[str,
             "mbpp": {"file": mbpp.name, "sha256": sha(mbpp)},
         },
         "reference": "bench.services.suite_check, plain python, per test; "
-        f"{suite_rows.TEST_TIMEOUT_S:g} s a test",
+        f"{suite_rows.CANONICAL_TIMEOUT_S:g} s a test of a canonical solution, "
+        f"{suite_rows.TEST_TIMEOUT_S:g} s of a mutant",
     }
 
 
@@ -216,7 +225,11 @@ async def run(rows: dict[str, Any], workers: int, clients: int) -> dict[str, Any
             out[suite]["kinds"] = table
             for kind, entry in table.items():
                 extra = f", verdicts {entry['verdict_agree']}" if "verdict_agree" in entry else ""
-                print(f"{suite:10s} {kind:15s} {entry['agree']:4d}/{entry['n']}{extra}", flush=True)
+                print(
+                    f"{suite:10s} {kind:15s} {entry['agree']:4d}/{entry['n']}, "
+                    f"tests counted {entry['tests_agree']}{extra}",
+                    flush=True,
+                )
     finally:
         proc.stop()
     return out
