@@ -16,16 +16,16 @@ same card (``bench/results/regress_<card>.json``):
    5 % of the step (the embedding service in the loop).
 4. ``speed``: ``bench.trainer.speed`` at the Qwen2.5-1.5B config, ours against TRL 1.16's
    GRPOTrainer in one process (``bench/device/trainer_1p5b_gpu.sh``'s settings), shortened:
-   128 new tokens instead of 512 (two compiled sampler buckets instead of five), one timed
+   128 new tokens instead of 512 (two attended lengths instead of five), one timed
    step after the warm-up ones on each side; completion tokens/s and peak memory of each.
 5. ``embed``: ``bench.services.embedding`` on the GPU (float16 MiniLM, the service's defaults),
    shortened to 2 rounds; the service's texts/s and its ratio to raw ``model.encode``.
 
-On the GPU, 1-4 run side by side (learn, tool and diverse are host-bound tiny models, speed
-is the GPU-bound one; ``main`` says why), then 5 alone. Exit status 1 on a crash (a part's
-non-zero exit, a missing result, too few steps) or a
-figure outside its allowance against the recorded one (``CHECKS``: each allowance is the
-run-to-run spread measured on the card, rounded up, and says why). ``--small`` (SMALL=1 in
+On the GPU, 1-3 run side by side (host-bound tiny models), then 4 alone and 5 alone, since
+they measure throughput (``schedule`` says why). Exit status 1 on a crash (a part's
+non-zero exit, a missing result, too few steps) or a figure outside its allowance against
+the recorded one (``CHECKS``: each allowance is the run-to-run spread measured on the
+card, rounded up, and says why; ``bench.device.regress_common`` judges). ``--small`` (SMALL=1 in
 ``bench/device/regress.sh``) runs the same parts on a CPU at tiny sizes, a few steps each,
 and checks that each runs (no recorded figures: CPU times in CI are noise); CI runs it.
 
@@ -38,11 +38,7 @@ and checks that each runs (no recorded figures: CPU times in CI are noise); CI r
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import signal
-import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -50,8 +46,19 @@ from pathlib import Path
 from typing import Any
 
 from arbiter import gsm8k
-
-REPO = Path(__file__).resolve().parents[2]
+from bench.device.regress_common import (
+    DEADLINE,
+    REPO,
+    Rules,
+    card,
+    guarded,
+    pct,
+    read,
+    report,
+    run,
+    steady_median,
+    verdict_rows,
+)
 
 # figure -> (direction, allowance, unit, the spread measured). "min": value >= recorded -
 # allowance ("pts") or recorded * (1 - allowance) ("rel"); "max" the other way. Each allowance
@@ -79,44 +86,14 @@ TOOL_GOAL = 30.0
 LIMITS = {"diverse.reward_wait_share": 0.05}
 
 
-def card() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-
-
-DEADLINE = [float("inf")]  # time.monotonic() by which every part has stopped (--budget)
+def rules(a: argparse.Namespace) -> Rules:
+    return Rules(CHECKS, LIMITS, {"learn.accuracy_after": 0.0, "tool.accuracy_after": TOOL_GOAL},
+                 {"learn": a.learn_steps, **a.steps})  # fmt: skip
 
 
-def run(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> int:
-    """``cmd`` in its own process group, output to ``log``, stopped after ``timeout`` s or at
-    the run's deadline: an interrupt (so its ``finally`` stops the services it started),
-    then a kill. -9: timed out."""
-    timeout = max(1.0, min(timeout, DEADLINE[0] - time.monotonic()))
-    with log.open("w") as f:
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=REPO,
-                                env=os.environ | (env or {}), start_new_session=True)  # fmt: skip
-        try:
-            return proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGINT)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-            return -9
-
-
-def _steady_median(metrics: Path, key: str = "time/step") -> float | None:
-    """Median of ``key`` over the train records, after the first two (compilation) when
-    there are more than four."""
-    if not metrics.exists():
-        return None
-    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()]
-    vals = [r[key] for r in rows if r.get("kind") == "train" and key in r]
-    vals = vals[2:] if len(vals) > 4 else vals
-    return round(statistics.median(vals), 4) if vals else None
+def verdicts(a: argparse.Namespace, got: dict[str, Any], rec: dict[str, Any]) -> list[list[str]]:
+    """Rows (figure, value, recorded, allowed, verdict); 'FAIL' marks a crash or regression."""
+    return verdict_rows(got, rec, rules(a), small=a.small)
 
 
 def part_learn(a: argparse.Namespace, out: dict[str, Any]) -> None:
@@ -132,13 +109,13 @@ def part_learn(a: argparse.Namespace, out: dict[str, Any]) -> None:
     else:
         cmd += ["--timeout", "370", f"eval_every={a.learn_steps}"]  # held-out: before and after
     rc = run(cmd, a.out / "learn.log", 140 if a.small else 420)
-    res = _read(o / "trainer_learn_regress.json").get("grpo", {})
+    res = read(o / "trainer_learn_regress.json").get("grpo", {})
     out["learn"] = {
         "rc": rc if rc else res.get("rc", "no result"),
         "steps": res.get("steps", 0),
-        "accuracy_before": _pct(res.get("accuracy_before")),
-        "accuracy_after": _pct(res.get("accuracy_after")),
-        "s_per_step": _steady_median(o / "metrics-learn_regress.jsonl"),
+        "accuracy_before": pct(res.get("accuracy_before")),
+        "accuracy_after": pct(res.get("accuracy_after")),
+        "s_per_step": steady_median(o / "metrics-learn_regress.jsonl"),
     }
 
 
@@ -154,8 +131,8 @@ def _learn_setting(
            *(["--small", "--timeout", "100"] if a.small else ["--timeout", str(gpu_timeout - 60)]),
            *extra, f"eval_every={a.steps[part]}"]  # fmt: skip
     rc = run(cmd, a.out / f"{part}.log", 240 if a.small else gpu_timeout)
-    res = _read(o / f"trainer_learn_{part}.json").get("grpo", {})
-    steady = _steady_median(o / f"metrics-learn_{part}.jsonl")
+    res = read(o / f"trainer_learn_{part}.json").get("grpo", {})
+    steady = steady_median(o / f"metrics-learn_{part}.jsonl")
     return {"rc": rc if rc else res.get("rc", "no result"), "steps": res.get("steps", 0),
             "grpo": res, "s_per_step": steady}  # fmt: skip
 
@@ -172,8 +149,8 @@ def part_tool(a: argparse.Namespace, out: dict[str, Any]) -> None:
     g = r.pop("grpo")
     share = g.get("tools/episode_frac_first_last") or [None, None]
     out["tool"] = r | {
-        "accuracy_before": _pct(g.get("accuracy_before")),
-        "accuracy_after": _pct(g.get("accuracy_after")),
+        "accuracy_before": pct(g.get("accuracy_before")),
+        "accuracy_after": pct(g.get("accuracy_after")),
         "tool_share_first": share[0], "tool_share_last": share[1],
         "turns_last": (g.get("turns/mean_first_last") or [None, None])[1],
     }  # fmt: skip
@@ -188,9 +165,9 @@ def part_diverse(a: argparse.Namespace, out: dict[str, Any]) -> None:
     g = r.pop("grpo")
     p16 = g.get("pass@16") or g.get("pass@4") or []
     out["diverse"] = r | {
-        "accuracy_after": _pct(g.get("accuracy_after")),
-        "pass16_before": _pct(p16[0][1]) if p16 else None,
-        "pass16_after": _pct(_last(p16)),
+        "accuracy_after": pct(g.get("accuracy_after")),
+        "pass16_before": pct(p16[0][1]) if p16 else None,
+        "pass16_after": pct(_last(p16)),
         "pairwise_after": _last(g.get("pairwise_distance")),
         "reward_wait_share": g.get("reward_wait_share"),
     }
@@ -221,7 +198,7 @@ def part_speed(a: argparse.Namespace, out: dict[str, Any]) -> None:
         cmd += ["--micro-batch", "8", "--gradient-checkpointing", "--keep-layers", "2",
                 "--keep-logits", "--free-sampler-cache", "--trl-batch", "16"]  # fmt: skip
     rc = run(cmd, a.out / "speed.log", 120 if a.small else 340, env)
-    res = _read(o / "trainer_speed.json")
+    res = read(o / "trainer_speed.json")
     ours, trl = res.get("ours", {}), res.get("trl", {})
     got = ours.get("completion_tokens_per_s"), trl.get("completion_tokens_per_s")
     out["speed"] = {
@@ -254,71 +231,13 @@ def part_embed(a: argparse.Namespace, out: dict[str, Any]) -> None:
         cmd += ["--device", "cuda", "--dtype", "float16", "--rounds", "1", "--per-client", "12",
                 "--batch-sizes", "512", "--model", str(a.embedding_model)]  # fmt: skip
     rc = run(cmd, a.out / "embed.log", 150 if a.small else 100)
-    res = _read(js)
+    res = read(js)
     svc: dict[str, Any] = next(iter(res.get("service", {}).values()), {})
     out["embed"] = {
         "rc": rc if rc else (0 if svc else "no result"),
         "texts_per_s": round(svc["texts_per_s"], 1) if svc else None,
         "ratio": round(svc["ratio"], 3) if svc else None,
     }
-
-
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        return dict(json.loads(path.read_text()))
-    except (OSError, ValueError):
-        return {}
-
-
-def _pct(x: Any) -> float | None:
-    return None if x is None else round(100 * float(x), 1)
-
-
-def verdicts(a: argparse.Namespace, got: dict[str, Any], rec: dict[str, Any]) -> list[list[str]]:
-    """Rows (figure, value, recorded, allowed, verdict); 'FAIL' marks a crash or regression."""
-    rows = []
-    want_steps = {"learn": a.learn_steps, **a.steps}
-    for part, figs in got.items():
-        for name, v in figs.items():
-            key, r = f"{part}.{name}", rec.get(f"{part}.{name}")
-            allowed, verdict = "", "ok"
-            if name == "rc":
-                verdict = "ok" if v == 0 else "FAIL (crash)"
-                v = "exit 0" if v == 0 else f"exit {v}"
-            elif name == "steps" and part in want_steps:
-                allowed = f"= {want_steps[part]}"
-                verdict = "ok" if v == want_steps[part] else "FAIL (stopped early)"
-            elif v is None and a.small and name.endswith("peak_GiB"):
-                verdict = "n/a (CPU)"
-            elif v is None:
-                verdict = "FAIL (missing)"
-            elif key in ("learn.accuracy_after", "tool.accuracy_after") and not a.small:
-                before = figs.get("accuracy_before") or 0.0
-                floor = max(before, TOOL_GOAL if part == "tool" else 0.0)
-                verdict = "ok" if v > floor else "FAIL (did not rise)"
-                allowed = f"> {floor}"
-            elif key in LIMITS and not a.small:
-                verdict = "ok" if v <= LIMITS[key] else "FAIL (over its limit)"
-                allowed = f"<= {LIMITS[key]}"
-            if key in CHECKS and r is not None and v is not None and verdict == "ok":
-                direction, allowance, unit, _ = CHECKS[key]
-                if unit == "pts":
-                    bound = r - allowance if direction == "min" else r + allowance
-                else:
-                    bound = r * (1 - allowance) if direction == "min" else r * (1 + allowance)
-                ok = v >= bound if direction == "min" else v <= bound
-                sign = ">=" if direction == "min" else "<="
-                allowed = (allowed + "; " if allowed else "") + f"{sign} {bound:.4g}"
-                verdict = "ok" if ok else "FAIL (regression)"
-            rows.append([key, str(v), "" if r is None else str(r), allowed, verdict])
-    return rows
-
-
-def table(rows: list[list[str]], title: str) -> str:
-    head = ["figure", "this run", "recorded", "allowed", "verdict"]
-    lines = [title, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    lines += ["| " + " | ".join(r) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -349,58 +268,28 @@ def main(argv: list[str] | None = None) -> int:
     fns = {"learn": part_learn, "tool": part_tool, "diverse": part_diverse, "speed": part_speed,
            "embed": part_embed}  # fmt: skip
     todo = [x for x in fns if x in parts]
-    # On the GPU the parts run in two phases so the table comes out inside one 10-minute call
-    # on a fresh machine (compilation alone is ~50 s for learn and ~125 s for speed's first
-    # step): learn, tool, diverse and speed side by side (the first three are host-bound tiny
-    # models, speed is the GPU-bound one), then embed alone, since it measures throughput. The
-    # recorded figures come from this same schedule, so like is compared with like. On a CPU
-    # (--small) each part runs alone: two cores cannot host three trainers at once.
-    phases = (
-        [[x] for x in todo]
-        if a.small
-        else [[x for x in todo if x != "embed"], [x for x in todo if x == "embed"]]
-    )
-    for phase in filter(None, phases):
-        threads = [threading.Thread(target=_guarded, args=(fns[x], a, got, x)) for x in phase]
+    for phase in schedule(todo, a.small):
+        threads = [threading.Thread(target=guarded, args=(fns[x], a, got, x)) for x in phase]
         for th in threads:
             th.start()
         for th in threads:
             th.join()
     ordered: dict[str, Any] = {k: got[k] for k in fns if k in got}
-    base_path = a.baseline or REPO / "bench" / "results" / f"regress_{_slug(name)}.json"
-    base = _read(base_path)
-    rec = base.get("figures", {}) if base.get("card") == name and not a.small else {}
-    rows = verdicts(a, ordered, rec)
-    where = f"{base_path.name}, {base.get('recorded', '')}" if rec else "none for this card"
-    title = (f"regress on {name}{' (SMALL: CPU, tiny sizes)' if a.small else ''}, "
-             f"{time.perf_counter() - t0:.0f} s; recorded figures: {where}")  # fmt: skip
-    text = table(rows, title)
-    print(text, flush=True)
-    flat = {f"{k}.{n}": v for k, figs in ordered.items() for n, v in figs.items()}
-    summary = {"card": name, "figures": flat, "table": text.splitlines()}
-    (a.out / "regress.json").write_text(json.dumps(summary, indent=1))
-    if a.record:
-        a.record.write_text(json.dumps({"card": name, "recorded": time.strftime("%Y-%m-%d"),
-                                        "figures": flat}, indent=1) + "\n")  # fmt: skip
-    return 1 if any(r[4].startswith("FAIL") for r in rows) else 0
+    return report(a, ordered, rules(a), name, "regress", time.perf_counter() - t0)
 
 
-def _guarded(fn: Any, a: argparse.Namespace, got: dict[str, Any], part: str) -> None:
-    """A part that raises is a crash in the table, not the end of the run; its wall time is
-    kept (informational)."""
-    t = time.monotonic()
-    try:
-        fn(a, got)
-    except Exception as e:
-        got[part] = {"rc": f"{type(e).__name__}: {str(e)[:200]}"}
-    got[part]["wall_s"] = round(time.monotonic() - t, 1)
-
-
-def _slug(name: str) -> str:
-    for key in ("H200", "H100", "A100"):
-        if key in name:
-            return key.lower()
-    return "".join(c for c in name.lower() if c.isalnum()) or "cpu"
+def schedule(parts: list[str], small: bool) -> list[list[str]]:
+    """The phases, each a list of parts run side by side. On the GPU: learn, tool and diverse
+    together (host-bound tiny models), then speed alone and embed alone, since they measure
+    throughput: beside the others, speed's timed steps took 3.97 and 5.84 s instead of ~3.6
+    (its ratio 1.75x, 2.57x alone). With speed's compile ~30 s, the table comes out inside
+    one 10-minute call on a fresh machine. On a CPU (``small``) each part runs alone: two
+    cores cannot host three trainers at once."""
+    if small:
+        return [[x] for x in parts]
+    host = [x for x in parts if x in ("learn", "tool", "diverse")]
+    alone = [[x] for x in parts if x in ("speed", "embed")]
+    return [p for p in [host, *alone] if p]
 
 
 if __name__ == "__main__":
