@@ -1,6 +1,7 @@
 """The quota when Redis cannot answer, on real Redis servers (absent, started late, busy):
-each process enforces its share alone, owes Redis what it took, and a team whose quota
-calls queue for Redis is refused with 429 quota_busy while another team passes.
+each process enforces its share alone, owes Redis what it took, a team whose quota calls
+queue for Redis is refused with 429 quota_busy while another team passes, and a burst past
+the quota is refused without asking Redis.
 """
 
 from __future__ import annotations
@@ -145,3 +146,25 @@ async def test_a_team_queued_for_redis_gets_quota_busy_and_another_team_passes(
     assert [r for r in flooded if not isinstance(r, RateLimited)] == [1, 1]
     assert time.monotonic() - start < 3
     assert quota_errors() == errors  # a queue is not an outage: Redis was asked, and answered
+
+
+async def script_calls(redis: Redis) -> int:
+    """Script runs Redis has served (``INFO commandstats``)."""
+    stats = await redis.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
+async def test_a_burst_past_the_quota_is_refused_without_asking_redis(
+    client: Redis, late_redis: ManagedProcess
+) -> None:
+    late_redis.start().wait_ready(10)
+    quota = Quota(client, per_team=2, wait_s=5)
+    before = await script_calls(client)
+    burst = [quota.take(team("burst"), 1, uses_judge=False) for _ in range(100)]
+    results = await asyncio.gather(*burst, return_exceptions=True)
+    refused = [r for r in results if isinstance(r, RateLimited)]
+    assert sum(r for r in results if isinstance(r, int)) == RPM
+    assert len(refused) == 100 - RPM
+    assert {r.code for r in refused} == {"quota_exceeded"}  # not one waited into quota_busy
+    # The 40 past the quota were refused by what this process had taken or had waiting.
+    assert await script_calls(client) - before <= RPM + 2
