@@ -39,7 +39,7 @@ _HASHES = re.compile(r"####")
 _ANSWER_IS = re.compile(r"\banswer\s*(?:is|:|=)\s*|(?:^|\n)[ \t]*A[ \t]*:[ \t]*", re.IGNORECASE)
 # LaTeX in a response: a command, \( \[ $$, or $…$ that is not a price ("$4.00 + $2.00").
 _LATEX_MARK = re.compile(r"\\[A-Za-z(\[]|\$\$")
-_PRICE = re.compile(r"(?<![\w$])\$\d+(?:,\d{3})*+(?:\.\d+)?+(?![\d$:,])")
+_PRICE = re.compile(r"(?<![\w$])\$\d+(?:,\d{3})*+(?:\.\d+)?+(?=[\s;!?)]|[.,](?!\d)|$)")
 # The last number ends the response: "So she has 7 in the end" does not, "is $33$." does.
 _NUMBER_AT_END = re.compile(r"[\s$*.!]*")
 # Numbers: optional sign, thousands groups or plain digits, decimals, an optional /q part.
@@ -131,7 +131,9 @@ def _ends_with(text: str, num: re.Match[str]) -> bool:
         return True
     if not (before.isspace() or before == "*"):
         return False
-    return _PRICE.search(text) is not None or text.count("$", 0, num.start()) % 2 == 0
+    if text.count("$", 0, num.start()) % 2 == 0:
+        return True
+    return _PRICE.search(text) is not None and _LATEX_MARK.search(text) is None  # prices
 
 
 def last_number(text: str) -> str | None:
