@@ -15,15 +15,20 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-HEAD = b"POST /v1/score HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n%s\r\n"
+HEAD = b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n%s\r\n"
 PART = b'{"recipe": "gsm8k", "groups": [{"prompt": "1 + 1?", "reference": "2", "respo'
+LENGTH = b"Content-Length: 1000\r\n"
+CHUNKED = b"Transfer-Encoding: chunked\r\n"
+COMPAT = "/v1/compat/openrlhf/{recipe}"
 
-# (what the client sends before it closes, why)
+# (the route, what the client sends before it closes, why)
 CASES = [
     # a Content-Length of 1000, and 76 bytes of it
-    (HEAD % b"Content-Length: 1000\r\n" + PART, "content-length"),
+    ("/v1/score", HEAD % (b"/v1/score", LENGTH) + PART, "content-length"),
     # a chunked body: one chunk, and no last chunk
-    (HEAD % b"Transfer-Encoding: chunked\r\n" + b"%x\r\n%s\r\n" % (len(PART), PART), "chunked"),
+    ("/v1/score", HEAD % (b"/v1/score", CHUNKED) + b"%x\r\n%s\r\n" % (len(PART), PART), "chunked"),
+    # a compat route: counted under its template, not the path with the recipe in it
+    (COMPAT, HEAD % (b"/v1/compat/openrlhf/gsm8k", LENGTH) + b'{"query": ["ab', "compat"),
 ]
 
 
@@ -48,9 +53,9 @@ def log_of(log_dir: Path, url: str) -> Path:
     return log_dir / f"gateway-{url.rsplit(':', 1)[1]}.log"  # tests.conftest.start_service
 
 
-@pytest.mark.parametrize(("sent", "why"), CASES, ids=[c[1] for c in CASES])
+@pytest.mark.parametrize(("route", "sent", "why"), CASES, ids=[c[2] for c in CASES])
 def test_a_client_that_leaves_mid_body_is_a_499_on_its_route(
-    gateway_url: str, log_dir: Path, sent: bytes, why: str
+    gateway_url: str, log_dir: Path, route: str, sent: bytes, why: str
 ) -> None:
     before = http_counts(gateway_url)
     log = log_of(log_dir, gateway_url)
@@ -60,16 +65,16 @@ def test_a_client_that_leaves_mid_body_is_a_499_on_its_route(
         time.sleep(0.2)  # the gateway is reading the body
     deadline = time.monotonic() + 10
     after = http_counts(gateway_url)
-    while after.get(("/v1/score", "499"), 0) == before.get(("/v1/score", "499"), 0):
+    while after.get((route, "499"), 0) == before.get((route, "499"), 0):
         assert time.monotonic() < deadline, f"no 499 counted ({why}): {after}"
         time.sleep(0.1)
         after = http_counts(gateway_url)
-    assert after[("/v1/score", "499")] == before.get(("/v1/score", "499"), 0) + 1
+    assert after[(route, "499")] == before.get((route, "499"), 0) + 1
     assert server_errors(after) == server_errors(before), after
     assert after.get(("unmatched", "500"), 0) == before.get(("unmatched", "500"), 0)
     text = log.read_text(errors="replace")
     assert text.count("(499)") == lines_before + 1
     line = text[text.rindex("(499)") - 200 :]
-    assert "INFO arbiter: POST /v1/score: the client disconnected before its answer" in line
+    assert f"INFO arbiter: POST {route}: the client disconnected before its answer" in line
     # the gateway still answers
     assert httpx.get(f"{gateway_url}/healthz", timeout=10).status_code == 200
