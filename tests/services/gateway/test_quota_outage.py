@@ -158,7 +158,7 @@ def test_a_flooding_team_is_answered_at_most_its_quota_while_redis_stalls(flood:
     print(f"other team: {len(flood.other)} requests, {max(flood.other_s):.2f} s at most")
     assert answered <= 1.1 * flood.allowed, (answered, flood.allowed, flood.statuses)
     # Training goes on: the flood's team is served to its quota, during the stall as well.
-    assert answered >= 0.6 * flood.allowed, (answered, flood.allowed, flood.statuses)
+    assert answered >= 0.5 * flood.allowed, (answered, flood.allowed, flood.statuses)
     start, end = flood.stalled
     assert any(start + 1 <= t <= end for t in flood.answered_at), flood.answered_at
     # Every refusal is a retryable 429 of the team's quota (never a 5xx).
