@@ -157,9 +157,10 @@ def _key(candidate: str) -> str:
 def _refine(text: str, allow_whole: bool) -> Extraction:
     """Rules 2–4 (and 5 when ``allow_whole`` is False) applied to ``text``."""
     boxes = [b for b in boxed_contents(text) if b.strip()]
-    stated = _last_match(_ANSWER_IS, text)
-    if boxes and stated is not None and stated.start() > max(_last_box_start(text), 0):
-        boxes = []  # "\boxed{200} … \boxed{255} … The final answer is $10,455$": the statement
+    if boxes:  # "\boxed{200} … \boxed{255} … The final answer is $10,455$": the statement
+        stated = _last_match(_ANSWER_IS, text)
+        if stated is not None and stated.start() > _last_box_start(text):
+            boxes = []
     if boxes:
         distinct: dict[str, str] = {}
         for b in boxes:
