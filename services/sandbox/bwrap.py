@@ -102,7 +102,7 @@ def bwrap_argv(settings: SandboxSettings) -> list[str]:
     # /proc/1/fd) stay out of reach without making it undumpable
     argv += ["--dev", "/dev", "--chdir", "/tmp"]
     # python_grader's packages (packages.py), read-only, and one thread each for their libraries
-    argv += grader_binds(settings.python)
+    argv += grader_binds(settings)
     # / and /dev are bwrap's own tmpfs, writable and unbounded unless made read-only: only
     # each job's /tmp (bounded in bytes and inodes) takes writes
     argv += ["--remount-ro", "/dev", "--remount-ro", "/"]

@@ -23,6 +23,8 @@ from functools import cache
 from importlib import metadata
 from pathlib import Path
 
+from arbiter.services.sandbox.settings import SandboxSettings
+
 log = logging.getLogger("arbiter.sandbox")
 
 # The distributions OpenAI's guide lists that the sandbox offers, by their PyPI names.
@@ -103,17 +105,18 @@ def _cache_tag(python: str) -> str:
     ).stdout.strip()
 
 
-def grader_binds(python: str) -> list[str]:
+def grader_binds(settings: SandboxSettings) -> list[str]:
     """bwrap arguments: every path of ``grader_paths`` read-only under ``JAIL_SITE``, and the
-    thread settings; none of the binds when the sandbox's interpreter is another Python
-    (its native modules would not load: a grader's import fails as on a bare interpreter)."""
+    thread settings; none of the binds when ``SANDBOX_GRADER_PACKAGES`` is off, or when the
+    sandbox's interpreter is another Python (its native modules would not load: a grader's
+    import fails as on a bare interpreter)."""
     argv: list[str] = []
     for key, value in THREAD_ENV.items():
         argv += ["--setenv", key, value]
     paths = grader_paths()
-    if not paths:
+    if not paths or not settings.grader_packages:
         return argv
-    theirs, ours = _cache_tag(python), sys.implementation.cache_tag
+    theirs, ours = _cache_tag(settings.python), sys.implementation.cache_tag
     if theirs != ours:
         log.warning(
             "SANDBOX_PYTHON is %s, the service %s: graders cannot import the packages of the "

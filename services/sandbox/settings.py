@@ -67,6 +67,12 @@ class SandboxSettings(ServiceSettings):
     memory_mb: int = Field(
         default=512, ge=64, le=65536, description="Address space per process (RLIMIT_AS)."
     )
+    grader_packages: bool = Field(
+        default=True,
+        description="Bind python_grader's packages (numpy, scipy, …) read-only into every "
+        "sandbox; false: graders get the standard library only, and each job's mount "
+        "namespace copies ~44 fewer mounts.",
+    )
     grader_memory_mb: int = Field(
         default=2048,
         ge=64,

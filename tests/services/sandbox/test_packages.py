@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from arbiter.services.sandbox import grader, packages
+from arbiter.services.sandbox.settings import SandboxSettings
 
 
 def test_the_graders_packages_and_their_dependencies_are_bound_nothing_else() -> None:
@@ -20,8 +21,12 @@ def test_the_graders_packages_and_their_dependencies_are_bound_nothing_else() ->
     assert not any(n.endswith((".dist-info", ".pth")) for n in names)
 
 
+def settings(**fields: object) -> SandboxSettings:
+    return SandboxSettings.model_validate({"python": sys.executable, **fields})
+
+
 def test_binds_are_read_only_under_the_jails_folder_with_one_thread_each() -> None:
-    argv = packages.grader_binds(sys.executable)
+    argv = packages.grader_binds(settings())
     binds = [argv[i + 1 : i + 3] for i, a in enumerate(argv) if a == "--ro-bind"]
     assert len(binds) == len(packages.grader_paths())
     assert all(dst == f"{packages.JAIL_SITE}/{src.rsplit('/', 1)[1]}" for src, dst in binds)
@@ -33,7 +38,12 @@ def test_another_python_gets_no_binds(monkeypatch: pytest.MonkeyPatch) -> None:
     # a SANDBOX_PYTHON of another version could not load the compiled modules; no such
     # interpreter is installed here, so its answer is stood in for
     monkeypatch.setattr(packages, "_cache_tag", lambda python: "cpython-399")
-    assert "--ro-bind" not in packages.grader_binds(sys.executable)
+    assert "--ro-bind" not in packages.grader_binds(settings())
+
+
+def test_the_binds_can_be_turned_off() -> None:
+    argv = packages.grader_binds(settings(grader_packages=False))
+    assert "--ro-bind" not in argv and "OPENBLAS_NUM_THREADS" in argv
 
 
 @pytest.mark.parametrize(
