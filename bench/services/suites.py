@@ -34,6 +34,7 @@ from typing import Any
 import aiohttp
 
 from arbiter.procs import free_port, service_process
+from arbiter.proto.sandbox import CodeTestsParams
 from arbiter.services.sandbox.settings import SandboxSettings
 from bench.services import suite_rows
 
@@ -197,7 +198,11 @@ def header(command: str, humaneval: Path, mbpp: Path, workers: int) -> dict[str,
             "python": platform.python_version(),
             "sandbox_python": f"{python} {sandbox_python}",
         },
-        "sandbox": {"workers": workers, "test_timeout_s": SandboxSettings().test_timeout_s},
+        "sandbox": {
+            "workers": workers,
+            "SANDBOX_TEST_TIMEOUT_S": SandboxSettings().test_timeout_s,
+            "params": {"mode": "fraction", "timeout_s": CodeTestsParams().timeout_s},
+        },
         "data": {
             "humaneval": {"file": humaneval.name, "sha256": sha(humaneval)},
             "mbpp": {"file": mbpp.name, "sha256": sha(mbpp)},
