@@ -162,7 +162,9 @@ def grader_child(source, sample, item, nonce):
     try:
         exec(compile(source, "<grader>", "exec"), scope)
         value = scope["grade"](sample, item)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        import numbers  # a real number of any kind (numpy's int64 and float32 too), not a bool
+
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
             raise TypeError(f"grade returned {type(value).__name__}, not a number")
         line = f"{nonce} score {float(value)!r}"
     except BaseException as exc:

@@ -152,6 +152,23 @@ def test_openais_grader_packages_import_and_work(roomy: Sandbox) -> None:
     assert g["scores"] == [1.0], g
 
 
+@pytest.mark.parametrize(
+    ("value", "score"),
+    [
+        ("np.int64(1)", 1.0),  # np.sum of booleans: an int64, not an int
+        ("np.float32(0.5)", 0.5),
+        ("np.mean([0.0, 1.0])", 0.5),  # a float64, a float subclass
+        ("np.bool_(True)", None),  # a boolean is no grade, numpy's as Python's
+    ],
+)
+def test_numpy_numbers_are_grades(roomy: Sandbox, value: str, score: float | None) -> None:
+    source = f"import numpy as np\ndef grade(sample, item):\n    return {value}\n"
+    g = grade(roomy, source, "x", timeout_s=30)
+    assert g["scores"] == [score], g
+    if score is None:
+        assert "not a number" in g["errors"][0]["message"], g
+
+
 def test_a_program_under_code_tests_gets_no_grader_packages(sandbox: Sandbox) -> None:
     # the packages are the graders': a program sees the standard library only, as before
     program = (
