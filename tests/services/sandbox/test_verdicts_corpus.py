@@ -115,6 +115,16 @@ FORGING = {
     "endless recursion": Case(PLUS_ONE, "def f(x):\n    return f(x)\n", 0.0),
     "over the wire limit": Case(PLUS_ONE, "def f(x):\n    return 'x' * (9 << 20)\n", 0.0),
     "forged assertion text": Case(PLUS_ONE, "def f(x):\n    raise AssertionError('P 0')\n", 0.0),
+    # ints that all hash alike cross as a set the checker builds in quadratic time: the
+    # checker's CPU is counted as the program's, so a wrong answer is judged starved
+    "a set the checker cannot build": Case(
+        PLUS_ONE,
+        "class K(int):\n    def __hash__(self):\n        return id(self)\n"
+        "def f(x):\n    return {K(i * ((1 << 61) - 1)) for i in range(1, 120_000)}\n",
+        0.0,
+        bug="null timeout: wire_unpack's set() of colliding ints runs past the backstop in "
+        "the checker, and checking.finish counts the checker's CPU toward starved()",
+    ),
     "nothing depends on the candidate": Case(
         "f(1)\ny = 2\nassert y == 2\nassert f(1) == 2\n",
         "def f(x):\n    return 7\n",
