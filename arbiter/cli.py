@@ -69,11 +69,16 @@ def main(argv: list[str] | None = None) -> int:
     p_up = sub.add_parser("up", help="start Redis and every service locally, score a sample")
     p_up.add_argument(
         "--port-base", type=int, default=None, metavar="N",
-        help="gateway on N, verify N+1, embedding N+2, judge N+3, sandbox N+4, Redis N+5 "
-        "(default: $ARBITER_PORT_BASE; unset: each service's port setting, Redis 6379); "
+        help="gateway on N, verify N+1, embedding N+2, judge N+3, sandbox N+4, Redis N+5, "
+        "state Redis N+6 (default: $ARBITER_PORT_BASE; unset: each service's port setting, "
+        "Redis 6379 and 6380); "
         "a single port flag still wins",
     )  # fmt: skip
     p_up.add_argument("--redis-port", type=int, default=None, help="default: 6379")
+    p_up.add_argument(
+        "--state-redis-port", type=int, default=None,
+        help="the state Redis (ledger, quotas, idempotency keys; noeviction); default: 6380",
+    )  # fmt: skip
     p_up.add_argument(
         "--host", default=None, help="the gateway's bind address (default: GATEWAY_HOST, "
         "127.0.0.1; 0.0.0.0 to reach it from other machines); the rest stay on 127.0.0.1",

@@ -187,6 +187,11 @@ def redis_binary() -> str:
 # evicts its least recently used keys instead of growing without bound.
 REDIS_MAXMEMORY = "1gb"  # ARBITER_REDIS_MAXMEMORY, as in compose
 REDIS_POLICY = "allkeys-lru"
+# The teams' state (usage ledger, quotas, idempotency keys) in a Redis of its own that never
+# evicts: full, it refuses writes (the gateway's Redis-failure paths) instead of dropping a
+# ledger. Its size is bounded by GATEWAY_IDEMPOTENCY_TEAM_BYTES per team plus small records.
+STATE_REDIS_MAXMEMORY = "1gb"  # ARBITER_STATE_REDIS_MAXMEMORY, as in compose
+STATE_REDIS_POLICY = "noeviction"
 
 
 def redis_process(
@@ -194,6 +199,8 @@ def redis_process(
     log_path: Path | None = None,
     maxmemory: str | None = None,
     data_dir: Path | None = None,
+    policy: str = REDIS_POLICY,
+    name: str = "redis",
 ) -> ManagedProcess:
     """A real redis-server on 127.0.0.1 only, bounded like compose's. With ``data_dir`` it
     persists as compose and k8s do: an append-only file there, fsynced every second (the
@@ -208,9 +215,25 @@ def redis_process(
     argv = [
         redis_binary(), "--bind", "127.0.0.1", "--port", str(port),
         "--save", "", *persistence, "--protected-mode", "yes",
-        "--maxmemory", maxmemory, "--maxmemory-policy", REDIS_POLICY,
+        "--maxmemory", maxmemory, "--maxmemory-policy", policy,
     ]  # fmt: skip
-    return ManagedProcess(name="redis", argv=argv, log_path=log_path, port=port)
+    return ManagedProcess(name=name, argv=argv, log_path=log_path, port=port)
+
+
+def state_redis_process(
+    port: int,
+    log_path: Path | None = None,
+    data_dir: Path | None = None,
+    maxmemory: str | None = None,
+) -> ManagedProcess:
+    """The state Redis (``GATEWAY_STATE_REDIS_URL``): ``noeviction``, append-only file in
+    ``data_dir``, so no cache entry can push a ledger, quota or idempotency key out."""
+    maxmemory = (
+        maxmemory or os.environ.get("ARBITER_STATE_REDIS_MAXMEMORY") or STATE_REDIS_MAXMEMORY
+    )
+    return redis_process(
+        port, log_path, maxmemory, data_dir, policy=STATE_REDIS_POLICY, name="state-redis"
+    )
 
 
 def wait_port(port: int, timeout: float = 10.0) -> None:

@@ -13,16 +13,20 @@ GATEWAY_SANDBOX_URL and refuses the code recipes (422 component_not_configured).
 
 While it runs, a child that exits is restarted with back-off and logged
 (``arbiter.supervise.Supervisor``); its children never outlive it, even when it is killed
-with SIGKILL (PDEATHSIG and a watchdog process, ``arbiter.supervise``). Redis is bounded
-as in compose: ``--maxmemory 1gb`` (``ARBITER_REDIS_MAXMEMORY``), ``allkeys-lru``; it
-persists as in compose, an append-only file fsynced every second (``--appendonly yes
---appendfsync everysec``) in ``<logs>/redis``, so the usage ledger, quotas and idempotency
-keys survive a restart of Redis or of ``arbiter up``.
+with SIGKILL (PDEATHSIG and a watchdog process, ``arbiter.supervise``). Two Redis run, as
+in compose and k8s: the cache (``REDIS_URL``), bounded at ``--maxmemory 1gb``
+(``ARBITER_REDIS_MAXMEMORY``) with ``allkeys-lru``, and the state Redis
+(``GATEWAY_STATE_REDIS_URL``: usage ledger, quotas, idempotency keys), ``noeviction`` at
+``ARBITER_STATE_REDIS_MAXMEMORY`` (1gb), so no amount of cache pressure evicts a team's
+state. Both persist as in compose, an append-only file fsynced every second
+(``--appendonly yes --appendfsync everysec``) in ``<logs>/redis`` and
+``<logs>/state-redis``, so the state survives a restart of Redis or of ``arbiter up``.
 
 Ports: each service's own setting (gateway 8000, verify 8001, embedding 8002, judge 8003,
-sandbox 8004) and Redis 6379; ``--port-base N`` (or ``ARBITER_PORT_BASE=N``) moves them all
-together, in that order from N, Redis at N+5, so a second stack or a machine where 8000 or
-6379 is taken needs one setting. A single port flag still wins. The banner prints the
+sandbox 8004), Redis 6379 and the state Redis 6380; ``--port-base N`` (or
+``ARBITER_PORT_BASE=N``) moves them all together, in that order from N, Redis at N+5, the
+state Redis at N+6, so a second stack or a machine where 8000 or 6379 is taken needs one
+setting. A single port flag still wins. The banner prints the
 ``export ARBITER_URL=...`` line that points clients, the CLI and the trainer at this stack.
 
 Without ``--keys FILE`` the gateway runs without auth (every caller is team
@@ -45,7 +49,13 @@ from typing import Any
 import httpx
 
 from arbiter import gsm8k
-from arbiter.procs import ManagedProcess, redis_process, service_process
+from arbiter.procs import (
+    ManagedProcess,
+    free_port,
+    redis_process,
+    service_process,
+    state_redis_process,
+)
 from arbiter.serve import SERVICES
 from arbiter.supervise import Supervisor, Watchdog
 
@@ -61,8 +71,11 @@ def _port_free(port: int) -> bool:
 
 PORT_BASE_ENV = "ARBITER_PORT_BASE"
 # each process's offset from --port-base: the services in their default ports' order, then Redis
-PORT_OFFSETS = {"gateway": 0, "verify": 1, "embedding": 2, "judge": 3, "sandbox": 4, "redis": 5}
-REDIS_PORT = 6379
+PORT_OFFSETS = {
+    "gateway": 0, "verify": 1, "embedding": 2, "judge": 3, "sandbox": 4, "redis": 5,
+    "state_redis": 6,
+}  # fmt: skip
+REDIS_PORTS = {"redis": 6379, "state_redis": 6380}
 
 
 def resolve_ports(args: argparse.Namespace) -> None:
@@ -78,7 +91,7 @@ def resolve_ports(args: argparse.Namespace) -> None:
         raise SystemExit(f"--port-base {base}: expected 1..{65535 - max(PORT_OFFSETS.values())}")
     for name, offset in PORT_OFFSETS.items():
         if getattr(args, f"{name}_port", None) is None:
-            default = REDIS_PORT if name == "redis" else None
+            default = REDIS_PORTS.get(name)
             setattr(args, f"{name}_port", base + offset if base is not None else default)
 
 
@@ -94,11 +107,16 @@ def sandbox_off(args: argparse.Namespace) -> str | None:
 
 def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
     """The processes to start, in order (each depends only on those before it)."""
-    # The ledger, quotas and idempotency keys survive a restart: AOF, fsync every second.
+    # The cache (LRU) and the state (noeviction); both survive a restart: AOF, fsync every s.
     redis = redis_process(args.redis_port, log_path=logs / "redis.log", data_dir=logs / "redis")
-    procs = [redis]
+    state_port = getattr(args, "state_redis_port", None) or free_port()
+    state = state_redis_process(
+        state_port, log_path=logs / "state-redis.log", data_dir=logs / "state-redis"
+    )
+    procs = [redis, state]
     env: dict[str, dict[str, str]] = {name: {} for name in SERVICES}
     env["gateway"]["REDIS_URL"] = f"redis://127.0.0.1:{args.redis_port}/0"
+    env["gateway"]["GATEWAY_STATE_REDIS_URL"] = f"redis://127.0.0.1:{state_port}/0"
     if getattr(args, "host", None):  # only the gateway is public; the rest stay on loopback
         env["gateway"]["GATEWAY_HOST"] = args.host
     if getattr(args, "keys", None):  # auth on: GATEWAY_KEY_SECRET comes from the environment
@@ -249,7 +267,7 @@ def up(args: argparse.Namespace) -> int:
             log.warning("%s; skipping the sample scores", gsm8k.missing(data_dir, "--data DIR"))
         print("Arbiter is up:")
         for proc in started:
-            scheme = "redis" if proc.name == "redis" else "http"
+            scheme = "redis" if proc.name in ("redis", "state-redis") else "http"
             host = args.host if proc.name == "gateway" and getattr(args, "host", None) else None
             where = f"{scheme}://{host or '127.0.0.1'}:{proc.port}"
             print(f"  {proc.name:<10} {where}   log: {proc.log_path}")

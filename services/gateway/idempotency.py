@@ -16,6 +16,16 @@ Keys are scoped per team (``arb:idem:v1:<team>:<sha256(key)>``): two teams can n
 collide or read each other's answers. A pending claim expires after ``PENDING_TTL_S``, so a
 gateway that died mid-request does not hold a key for a day. If Redis fails the request is
 scored without the guarantee (``arbiter_gateway_redis_errors_total{op="idempotency"}``).
+
+**A team's stored answers are bounded** by ``GATEWAY_IDEMPOTENCY_TEAM_BYTES``. They live in
+the state Redis (``GATEWAY_STATE_REDIS_URL``: ``noeviction``, so nothing else bounds them),
+and each team's are listed in the order they were stored (``arb:idem-order:v1:<team>``, a
+sorted set by store time, with the sizes in ``arb:idem-bytes:v1:<team>``). Storing an
+answer that would take the team past its budget first drops the team's oldest stored
+answers, in one script run: a retry of a dropped one is scored afresh (like one past its
+TTL), never answered wrong. An answer larger than the whole budget is not stored and its
+key is released. Only the storing team's entries are ever dropped
+(``arbiter_gateway_idempotency_dropped_total``).
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from prometheus_client import Counter
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -50,11 +61,61 @@ if v then return v end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 return false
 """
+# Store an answer within the team's byte budget. KEYS: the entry, the team's order (sorted
+# set: entry -> store time in ms), its sizes (hash: entry -> bytes, "total" -> their sum).
+# ARGV: the stored value, its TTL in s, the budget in bytes, our pending value. Entries past
+# their TTL are forgotten first, then the oldest dropped until the answer fits. Returns the
+# number of answers dropped, or -1 when the answer alone is over the budget (not stored, the
+# claim released). The entries named in the order are the team's own keys (one Redis, not
+# a cluster: a script may touch them).
+FINISH_LUA = """
+local value, ttl, budget = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local size = #value
+if size > budget then
+  if redis.call('GET', KEYS[1]) == ARGV[4] then redis.call('DEL', KEYS[1]) end
+  return -1
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local total = tonumber(redis.call('HGET', KEYS[3], 'total') or '0')
+local function forget(entry)
+  total = total - tonumber(redis.call('HGET', KEYS[3], entry) or '0')
+  redis.call('HDEL', KEYS[3], entry)
+  redis.call('ZREM', KEYS[2], entry)
+end
+for _, entry in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - ttl * 1000)) do
+  forget(entry)
+end
+forget(KEYS[1])
+local dropped = 0
+while total + size > budget do
+  local oldest = redis.call('ZRANGE', KEYS[2], 0, 0)
+  if #oldest == 0 then break end
+  redis.call('DEL', oldest[1])
+  forget(oldest[1])
+  dropped = dropped + 1
+end
+redis.call('SET', KEYS[1], value, 'EX', ttl)
+redis.call('ZADD', KEYS[2], now, KEYS[1])
+redis.call('HSET', KEYS[3], KEYS[1], size, 'total', total + size)
+redis.call('EXPIRE', KEYS[2], ttl)
+redis.call('EXPIRE', KEYS[3], ttl)
+return dropped
+"""
 # Delete the entry only if it is still our pending claim.
 RELEASE_LUA = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+
+
+DROPPED = Counter(
+    "arbiter_gateway_idempotency_dropped_total",
+    "Stored Idempotency-Key answers dropped to keep a team within "
+    "GATEWAY_IDEMPOTENCY_TEAM_BYTES (reason=budget: the team's oldest; too_large: an answer "
+    "over the whole budget, not stored)",
+    ["reason"],
+)
 
 
 @dataclass(frozen=True)
@@ -63,11 +124,17 @@ class Claim:
 
     entry: str
     pending: bytes
+    team: str
 
 
 @dataclass(frozen=True)
 class Replay:
     body: bytes
+
+
+def budget_keys(team: str) -> list[str]:
+    """The team's order of stored answers and their sizes (``FINISH_LUA``'s KEYS[2:])."""
+    return [f"arb:idem-order:v1:{team}", f"arb:idem-bytes:v1:{team}"]
 
 
 def check_key(value: str) -> str:
@@ -81,11 +148,13 @@ def check_key(value: str) -> str:
 
 
 class Idempotency:
-    def __init__(self, redis: Redis, ttl_s: int, wait_s: float):
+    def __init__(self, redis: Redis, ttl_s: int, wait_s: float, team_bytes: int):
         self.redis = redis
         self.ttl_s = ttl_s
         self.wait_s = wait_s
+        self.team_bytes = team_bytes
         self._claim = redis.register_script(CLAIM_LUA)
+        self._finish = redis.register_script(FINISH_LUA)
         self._release = redis.register_script(RELEASE_LUA)
         self._undoing: set[asyncio.Task[None]] = set()
 
@@ -101,9 +170,9 @@ class Idempotency:
         deadline = time.monotonic() + self.wait_s
         try:
             while True:
-                found = await self._try_claim(entry, pending)
+                found = await self._try_claim(team, entry, pending)
                 if found is None:
-                    return Claim(entry, pending)
+                    return Claim(entry, pending, team)
                 state, stored, rest = found[:1], found[1:65], found[65:]
                 if stored != fingerprint:
                     raise Unprocessable(
@@ -129,7 +198,7 @@ class Idempotency:
             )
             return None
 
-    async def _try_claim(self, entry: str, pending: bytes) -> bytes | None:
+    async def _try_claim(self, team: str, entry: str, pending: bytes) -> bytes | None:
         """One claim round trip. If the request is cancelled (its client left) while the
         script is on its way, the claim may still have been made: it is released as soon as
         the script's answer arrives, so a retry never waits for a claim nobody holds."""
@@ -140,7 +209,7 @@ class Idempotency:
 
             def undo(done: asyncio.Future[bytes | None]) -> None:
                 if not done.cancelled() and done.exception() is None and done.result() is None:
-                    task = asyncio.ensure_future(self.release(Claim(entry, pending)))
+                    task = asyncio.ensure_future(self.release(Claim(entry, pending, team)))
                     self._undoing.add(task)
                     task.add_done_callback(self._undoing.discard)
 
@@ -149,9 +218,24 @@ class Idempotency:
         return found
 
     async def finish(self, claim: Claim, body: bytes) -> None:
-        """Store the answer for ``ttl_s``; replaces the pending claim."""
+        """Store the answer for ``ttl_s`` within the team's byte budget; replaces the
+        pending claim."""
         try:
-            await self.redis.set(claim.entry, b"D" + claim.pending[1:] + body, ex=self.ttl_s)
+            dropped = await self._finish(
+                keys=[claim.entry, *budget_keys(claim.team)],
+                args=[b"D" + claim.pending[1:] + body, self.ttl_s, self.team_bytes, claim.pending],
+            )
+            if dropped < 0:
+                DROPPED.labels("too_large").inc()
+                log.info(
+                    "team %s: answer of %d bytes is over GATEWAY_IDEMPOTENCY_TEAM_BYTES (%d); "
+                    "not stored for its key",
+                    claim.team,
+                    len(body),
+                    self.team_bytes,
+                )
+            elif dropped:
+                DROPPED.labels("budget").inc(dropped)
         except (RedisError, OSError, TimeoutError) as exc:
             REDIS_ERRORS.labels("idempotency").inc()
             WARNINGS.warning("finish", "answer not stored for its key (%s)", type(exc).__name__)

@@ -79,6 +79,12 @@ class GatewaySettings(ServiceSettings):
         validation_alias="REDIS_URL",
         description="REDIS_URL (no prefix): Redis cache; unset = in-process LRU.",
     )
+    state_redis_url: str | None = Field(
+        default=None,
+        description="Redis of the teams' state (usage ledger, quotas, idempotency keys): "
+        "noeviction and AOF, apart from the LRU cache so cache pressure evicts none of it. "
+        "Unset = REDIS_URL (one Redis for a small deployment).",
+    )
     redis_timeout_s: float = Field(
         default=0.5, gt=0, le=30, description="Redis socket/operation timeout."
     )
@@ -145,6 +151,14 @@ class GatewaySettings(ServiceSettings):
         le=30 * 24 * 3600,
         description="How long a response is kept for a retry with the same Idempotency-Key.",
     )
+    idempotency_team_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        le=64 * 1024 * 1024 * 1024,
+        description="Bytes of stored Idempotency-Key answers a team may hold in the state "
+        "Redis; a new answer past it drops the team's oldest stored answers (an answer larger "
+        "than the whole budget is not stored). Other teams' answers are never touched.",
+    )
     idempotency_wait_s: float = Field(
         default=30.0,
         ge=0,
@@ -192,6 +206,23 @@ class GatewaySettings(ServiceSettings):
             )
         return value
 
+    @field_validator("state_redis_url", mode="before")
+    @classmethod
+    def _state_redis(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"GATEWAY_STATE_REDIS_URL={value!r} is not a Redis URL; use "
+                "redis://HOST:PORT/DB or unset it (then REDIS_URL holds the state too)"
+            )
+        return value
+
+    @property
+    def state_url(self) -> str | None:
+        """The Redis of ledgers, quotas and idempotency keys: its own, else REDIS_URL's."""
+        return self.state_redis_url or self.redis_url
+
     @field_validator("recipes_file")
     @classmethod
     def _recipes_file(cls, value: Path | None) -> Path | None:
@@ -235,7 +266,7 @@ class GatewaySettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _auth(self) -> GatewaySettings:
-        if self.keys_file is not None and self.redis_url is None:
+        if self.keys_file is not None and self.state_url is None:
             raise ValueError(
                 "GATEWAY_KEYS_FILE needs REDIS_URL: quotas, usage and idempotency live in Redis, "
                 "shared by every gateway replica"

@@ -1,7 +1,8 @@
 """One deployment, many teams: the Redis-backed records a scoring call is checked against
 and settled into.
 
-``Teams`` is built once at start-up (``app.state.teams``) on its own Redis pool and holds
+``Teams`` is built once at start-up (``app.state.teams``) on its own pool to the state Redis
+(``GATEWAY_STATE_REDIS_URL``, else ``REDIS_URL``; apart from the LRU cache) and holds
 the quotas (``quota.py``), the usage ledger (``usage.py``) and the idempotency keys
 (``idempotency.py``). ``lifecycle.py`` uses them in admission and settlement; the
 ``/v1/usage`` route reads the ledger through ``usage``. Auth off (no
@@ -32,9 +33,9 @@ class Teams:
         self.quota: Quota | None = None
         self.ledger: Ledger | None = None
         self.idempotency: Idempotency | None = None
-        if settings.redis_url:
+        if settings.state_url:  # GATEWAY_STATE_REDIS_URL, else REDIS_URL: never evicts
             pool = BlockingConnectionPool.from_url(
-                settings.redis_url,
+                settings.state_url,
                 max_connections=settings.redis_max_connections,
                 timeout=settings.redis_timeout_s,
                 socket_timeout=settings.redis_timeout_s,
@@ -42,7 +43,10 @@ class Teams:
             )
             self.redis = Redis(connection_pool=pool)
             self.idempotency = Idempotency(
-                self.redis, settings.idempotency_ttl_s, settings.idempotency_wait_s
+                self.redis,
+                settings.idempotency_ttl_s,
+                settings.idempotency_wait_s,
+                settings.idempotency_team_bytes,
             )
             if store is not None:
                 self.quota = Quota(
