@@ -14,7 +14,8 @@ Pure functions, no I/O. A response is code alone, or prose with fenced code bloc
   ``ast``). Every other statement of the other blocks — a usage example calling or printing
   the function — is left out, so a correct solution followed by an example still runs alone.
 - **stdin/stdout tests**: the last block that reads input (``input(``, ``sys.stdin``,
-  ``open(0)``, ``fileinput``), plus what it needs, likewise.
+  ``open(0)``, ``fileinput``), or a later block that calls its function that reads
+  (``main()`` after ``def main(): … input() …``), plus what it needs, likewise.
 - Otherwise the last block that is Python, else the last block, else the whole response.
   Code without fences in prose ("Here it is:" then code then "It runs in O(n).") is the
   longest run of its lines that parses, starting with a statement at column 0.
