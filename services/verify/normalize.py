@@ -24,7 +24,8 @@ _FACTORIAL_BEFORE = frozenset("0123456789)}]")
 _LATEX_WRAPPERS = re.compile(r"\\(?:text|textbf|mathrm|mathbf|textrm|mbox|operatorname)\s*\{")
 # A thousands separator written in LaTeX between digit groups: ``10,\!000``, ``10\,000``,
 # ``11,\! 111``, ``10{,}000`` (becomes ``,`` before the spacing commands are dropped).
-_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:,|\{,\})?\s*(?:\\[!,;: ]\s*)+(?=\d{3}(?!\d))")
+_LATEX_THOUSANDS = re.compile(r"(?<=\d)(?:,|\{,\})?\s*+(?:\\[!,;: ]\s*+)++(?=\d{3}(?!\d))")
+_THOUSANDS_CHARS = 4096
 _LATEX_DROP = re.compile(
     r"(?<!\\)\\[,!;: ]|\\(?:left|right|displaystyle|quad|qquad)\b|\\\(|\\\)|\\\[|\\\]"
 )
@@ -104,7 +105,8 @@ def clean(candidate: str) -> str:
     """Strip markdown emphasis, LaTeX wrappers and trailing punctuation from a candidate."""
     s = candidate.strip()
     s = s.replace("**", "").replace("__", "").strip("*_ \t\n")
-    s = _LATEX_THOUSANDS.sub(",", s)
+    if len(s) <= _THOUSANDS_CHARS:  # longer is no plain number: math-verify reads them
+        s = _LATEX_THOUSANDS.sub(",", s)
     s = _LATEX_DROP.sub(" ", s).strip()
     if s.startswith("$$") and s.endswith("$$") and len(s) > 3:
         s = s[2:-2]
