@@ -16,7 +16,7 @@ dl() {  # py3.12 manylinux wheels, no dependencies (each one is named)
 STACK=(fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 pydantic==2.14.4
        pydantic-core==2.50.5 pydantic-settings==2.16.3 python-dotenv==1.2.4
        annotated-types==0.8.0 typing-extensions==4.16.0 typing-inspection==0.4.5
-       opentelemetry-api==1.45.2
+       opentelemetry-api==1.45.2 fastapi-offline==1.7.7
        setuptools==84.2.1)  # builds the checkout there, offline (bench/device/gpu_env.sh)
 
 mkdir -p .carry/trainer/whl .carry/embedding/whl

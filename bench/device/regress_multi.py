@@ -103,8 +103,8 @@ def part_ddp(a: argparse.Namespace, out: dict[str, Any]) -> None:
     if a.small:
         cmd += ["--small", "--sft-steps", "4", "--timeout", "200", "cpu_threads=1"]
     else:  # 256 rollouts per rank: the one-GPU run's 512 a step
-        cmd += ["--timeout", "170", "rollouts_per_step=256"]
-    rc = run(cmd, a.out / "ddp.log", 300 if a.small else 210)
+        cmd += ["--timeout", "240", "rollouts_per_step=256"]
+    rc = run(cmd, a.out / "ddp.log", 300 if a.small else 280)
     res = read(o / "trainer_learn_ddp.json").get("grpo", {})
     out["ddp"] = {
         "rc": rc if rc else res.get("rc", "no result"),
