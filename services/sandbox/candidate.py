@@ -22,15 +22,35 @@ ANSWER_FD, REQUEST_FD = 3, 4
 
 
 def candidate_main(code):
-    """Child: run the program (a code object compiled by PID 1), say ``ready``, answer."""
+    """Child: run the program (a code object compiled by PID 1), say ``ready`` with what
+    the checker needs to bind the tests' names as the program's would be (``program_names``),
+    then answer."""
     scope = {"__name__": CODE_NAME, "__builtins__": with_exit()}
     try:
         exec(code, scope)
     except BaseException as exc:
         wire_send(ANSWER_FD, ("L", f"the program raised {_exc_text(exc)}"))
         return
-    wire_send(ANSWER_FD, ("ready",))
+    wire_send(ANSWER_FD, ("ready", program_names(scope)))
     serve_requests(scope)
+
+
+def program_names(scope):
+    """The program's globals that shadow a builtin (its own ``sum``), and those that are
+    standard modules (``sys`` imported by the program, used by MBPP's tests): name -> the
+    module's name, or None for a shadow."""
+    import builtins
+
+    names: dict = {}
+    for name, value in list(scope.items())[:10_000]:
+        if type(name) is not str or name.startswith("__"):
+            continue
+        module = getattr(value, "__spec__", None) if type(value).__name__ == "module" else None
+        if module is not None and type(module.name) is str:
+            names[name] = module.name
+        elif name in builtins.__dict__:
+            names[name] = None
+    return names
 
 
 def serve_requests(scope):

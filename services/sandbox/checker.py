@@ -33,9 +33,10 @@ from arbiter.services.sandbox.harness import cut, signal  # one program in the s
 from arbiter.services.sandbox.wire import WireError, wire_recv, wire_send  # dropped there too
 
 
-class ProgramFailed(Exception):
+class ProgramFailed(BaseException):
     """The program's process could not answer (it died, ran out of time, sent junk): the
-    running test fails with this reason."""
+    running test fails with this reason. Not an ``Exception``: a test's ``except
+    Exception`` (expecting the program to raise) does not take a dead program for one."""
 
 
 class Link:
@@ -48,6 +49,7 @@ class Link:
         self.calls = 0  # requests since the previous test ended
         self.broken = ""  # the program fails at load: every test fails so
         self.gone = ""  # why its process ended
+        self.names = {}  # the program's globals that shadow builtins or are modules
         self.gen = 0
 
     def say(self, line):
@@ -75,8 +77,9 @@ class Link:
             first = (self.why(),)
         except WireError as exc:
             first = (f"the program's answer cannot be read: {exc}",)
-        if first == ("ready",):
+        if isinstance(first, tuple) and len(first) == 2 and first[0] == "ready":
             self.say("R")
+            self.names = first[1] if isinstance(first[1], dict) else {}
             return
         if isinstance(first, tuple) and len(first) == 2 and first[0] in ("L", "D"):
             first = (str(first[1]),)
@@ -235,6 +238,30 @@ def _exception(name, message):
         return Exception(f"{name}: {message}")
 
 
+def bind_names(names, program):
+    """The tests' own value for each name they use and do not define: a standard module the
+    program imported is imported here (the tests mean the module: MBPP's ``sys``), a
+    builtin the program does not redefine stays the builtin, any other name is the
+    program's (``Remote``)."""
+    import sys
+
+    bound: dict = {}
+    for name in names:
+        module = program.get(name)
+        if isinstance(module, str) and module.split(".")[0] in sys.stdlib_module_names:
+            try:
+                import importlib
+
+                bound[name] = importlib.import_module(module)
+                continue
+            except Exception:
+                pass
+        if name not in program and hasattr(builtins, name):
+            continue
+        bound[name] = Remote(name)
+    return bound
+
+
 def checker_main(ctl_fd, secret_fd, secret_at, start, stop_on_fail):
     """Child of PID 1: the tests from ``start``, each outcome a line on the control socket."""
     global LINK
@@ -279,7 +306,8 @@ def checker_main(ctl_fd, secret_fd, secret_at, start, stop_on_fail):
         end(i, f"F {i} {cut(reason)}")
 
     scope = {"__name__": "__arbiter_tests__", "__builtins__": builtins}
-    scope.update({n: Remote(n) for n in secret["names"] if not hasattr(builtins, n)})
+    link.start()  # first: what the program defines decides what the tests' names are
+    scope.update(bind_names(secret["names"], link.names))
     scope.update(__arbiter_begin__=begin, __arbiter_pass__=passed, __arbiter_fail__=fail)
     try:
         exec(compile(secret["tests"], "<tests>", "exec"), scope)

@@ -77,6 +77,7 @@ class Attempt:
         self.window()
         self.buf = b""
         self.done = None  # clean, stopped, output, deadline, backstop, checker, restart
+        self.window_s = 0.0  # how long the clock that stopped it ran
 
     def window(self):
         """A test (or the setup before one) begins: its CPU and wall clocks start."""
@@ -111,6 +112,7 @@ class Attempt:
         if not ready:
             if time.monotonic() >= until:
                 self.done = "deadline" if time.monotonic() >= b.deadline else "backstop"
+                self.window_s = time.monotonic() - self.clock
             elif ct is not None and ct.status is None and self.used()[1] >= b.cpu_s:
                 self.end_program(b.timeout)
             return
@@ -263,20 +265,21 @@ class Attempt:
             return fail(rest, done[1])
         if done == "output":
             return fail(rest, "output limit")
-        if done == "deadline" or (
-            done == "backstop" and starved(k_cpu + ct_cpu, b.wall_s, b.limits)
-        ):
-            fail(rest, "not run: out of time")
+        clocked = done in ("deadline", "backstop")
+        if clocked and starved(k_cpu + ct_cpu, self.window_s, b.limits):
+            fail(rest, "not run: out of time")  # it could run all along: the host's doing
             return len(results), True
         if isinstance(done, tuple):  # restart after the test whose process ended
             target = done[1] - 1
+        elif clocked:  # it slept or waited, whichever clock stopped it
+            reason = f"{b.timeout}: it slept or waited"
+            if self.loading or target is None:
+                return fail(rest, reason + (" before the tests ran" if self.loading else ""))
+            results[target] = (False, reason)
+            if done == "deadline":
+                return fail([i for i in rest if i != target], "not run: out of time")
         elif target is None:
             return len(results), False
-        elif done == "backstop":
-            reason = f"{b.timeout}: it slept or waited"
-            if self.loading:
-                return fail(rest, reason + " before the tests ran")
-            results[target] = (False, reason)
         else:
             results[target] = (False, "the program stopped the tests during the test")
         if stop and results[target] is not None and not results[target][0]:

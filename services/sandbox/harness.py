@@ -72,7 +72,7 @@ class Budget:
         return self.deadline - time.monotonic()
 
 
-WALL_FACTOR = 4
+WALL_FACTOR = 10
 PROBE_S = 0.2
 
 

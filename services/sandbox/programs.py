@@ -115,6 +115,7 @@ def _prepare(tree: ast.Module, entry: str | None, max_tests: int) -> TestPlan:
         (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "check"), None
     )
     counter = _Counter()
+    names = set(_free_names(tree))  # the tests' own, before the harness's wrapping
     if check is not None:
         if entry is None:
             raise ReferenceError_(
@@ -129,6 +130,7 @@ def _prepare(tree: ast.Module, entry: str | None, max_tests: int) -> TestPlan:
         if counter.n == 0:  # no assert at check's top level: the whole call is one test
             call = _wrap(call, counter)
         tree.body.append(call)
+        names.add(entry)
     else:
         tree.body = _wrap_all(tree.body, counter)
     if counter.n == 0:
@@ -141,7 +143,7 @@ def _prepare(tree: ast.Module, entry: str | None, max_tests: int) -> TestPlan:
         kind="tests",
         n_tests=counter.n,
         code=ast.unparse(ast.fix_missing_locations(tree)),
-        names=_free_names(tree),
+        names=tuple(sorted(names)),
     )
 
 

@@ -90,8 +90,9 @@ def same_output(got, want):
 
 def run_stdio(job, budget):
     """Each case in a child of its own, stdin from a file; a case that overran its CPU
-    fails, one stopped by the wall-clock backstop while starved by the host (or not run
-    before the item's deadline) makes the answer ``wall``: the service's null timeout."""
+    fails, as does one that slept or waited past the wall-clock backstop; one the backstop
+    or the item's deadline stopped while it could run (the host starved it), or a case not
+    run before the deadline, makes the answer ``wall``: the service's null timeout."""
     results: list[tuple[bool | None, str]] = []
     for i, case in enumerate(job["cases"]):
         if budget.left() <= 0 or budget.output_left < 0:
@@ -118,17 +119,18 @@ def run_stdio(job, budget):
                 break
             continue
         _unlink(path)  # the program may have removed it already
-        timed_out = not run.pump(min(budget.deadline, time.monotonic() + budget.wall_s))
+        began = time.monotonic()
+        timed_out = not run.pump(min(budget.deadline, began + budget.wall_s))
         run.finish()
         if run.over:
             results.append((False, run.over))
-        elif timed_out and (
-            budget.left() <= 0 or starved(cpu_of(run.usage), budget.wall_s, budget.limits)
-        ):
+        elif timed_out and _ran(run, budget, began):
             results.append((False, "stopped by the wall clock: the host was busy"))
             return {"results": _rest(results, job["cases"], "not run: out of time"), "wall": True}
         elif timed_out:
             results.append((False, f"{budget.timeout}: it slept or waited"))
+            if budget.left() <= 0:  # its own waiting took the response's time
+                return {"results": _rest(results, job["cases"], "not run: out of time")}
         elif run.out_of_cpu():
             results.append((False, budget.timeout))
         elif run.status != 0:
@@ -144,9 +146,9 @@ def run_stdio(job, budget):
     return {"results": results}
 
 
-def _busy(run, budget):
-    """Stopped by the item's deadline, or by the backstop while the host starved it."""
-    return budget.left() <= 0 or starved(cpu_of(run.usage), budget.wall_s, budget.limits)
+def _ran(run, budget, began):
+    """Whether a child stopped by a clock could run all along (the host's doing)."""
+    return starved(cpu_of(run.usage), time.monotonic() - began, budget.limits)
 
 
 def _rest(results, cases, reason):
@@ -176,13 +178,12 @@ def run_grader(job, budget):
     tag = nonce()
     sys.path[:0] = job["import_path"]  # the graders' packages (packages.py), read-only
     run = Run(budget, "/dev/null", grader_child, (job["source"], job["sample"], job["item"], tag))
-    timed_out = not run.pump(min(budget.deadline, time.monotonic() + budget.wall_s))
+    began = time.monotonic()
+    timed_out = not run.pump(min(budget.deadline, began + budget.wall_s))
     run.finish()
     if run.over:
         return {"error": run.over}
-    if timed_out and (
-        budget.left() <= 0 or starved(cpu_of(run.usage), budget.wall_s, budget.limits)
-    ):
+    if timed_out and _ran(run, budget, began):
         return {"error": "stopped by the wall clock: the host was busy", "wall": True}
     if timed_out:
         return {"error": f"{budget.timeout}: it slept or waited"}

@@ -25,7 +25,7 @@ PROBLEMS = Path(__file__).parent / "problems" / "problems.jsonl"
 ENV = {
     "SANDBOX_WORKERS": "2",
     "SANDBOX_TEST_TIMEOUT_S": "1",
-    # a test's limit is CPU time, its wall-clock backstop 4x + 1 s: room for a few of them
+    # a test's limit is CPU time, its wall-clock backstop 10x + 1 s: room for a few of them
     "SANDBOX_ITEM_TIMEOUT_S": "20",
     # the test host is shared: a program at niceness 19 beside other suites' work would wait
     # far past its CPU time and be judged starved (null) instead of failing on its limit

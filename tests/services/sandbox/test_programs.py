@@ -92,3 +92,13 @@ def test_asserts_that_name_nothing_are_no_tests() -> None:
     assert plan.n_tests == 2
     plan = parse_reference("assert 1 == 1\nassert f(1) == 1\nassert -1 < 0\n", "", None, 9)
     assert plan.n_tests == 1
+
+
+def test_the_names_the_tests_use_and_do_not_define_are_the_programs() -> None:
+    plan = parse_reference("import math\nx = 2\nassert f(x) == math.sqrt(g(4))\n", "", None, 9)
+    assert plan.names == ("f", "g")  # math and x are the tests' own; the wrapping's are not
+    plan = parse_reference(
+        "def check(candidate):\n    assert candidate(1) == sum([1])\n", "", "h", 9
+    )
+    assert plan.names == ("h", "sum")  # a builtin: the checker keeps it unless the program's
+    assert plan.job()["secret"]["names"] == ["h", "sum"] and "tests" not in plan.job()

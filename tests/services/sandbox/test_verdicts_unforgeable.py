@@ -162,3 +162,11 @@ def test_asserts_that_check_nothing_of_the_program_are_not_tests(sandbox: Sandbo
     )["groups"][0]
     assert g["scores"] == [None], g
     assert g["errors"][0]["kind"] == "invalid_reference", g
+
+
+def test_a_program_that_dies_is_not_the_exception_a_test_expects(sandbox: Sandbox) -> None:
+    tests = "try:\n    f(-1)\n    assert False\nexcept Exception:\n    pass\nassert f(1) == 1\n"
+    dies = "import os\ndef f(x):\n    if x < 0:\n        os._exit(0)\n    return x\n"
+    raises = "def f(x):\n    if x < 0:\n        raise ValueError(x)\n    return x\n"
+    g = sandbox.score("code_tests", [group(tests, dies, raises)])["groups"][0]
+    assert g["scores"] == [0.5, 1.0], g
