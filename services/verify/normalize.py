@@ -169,7 +169,7 @@ def to_number(candidate: str) -> Number | None:
         value = Fraction(int(num), int(den))
         return Number(-value if sign == "-" else value)
     m = _PLAIN.match(s)
-    if m is None:
+    if m is None or _OR.search(s):  # "5 or x" is a hedge, not 5 and a unit
         return None
     sign1, sign2, digits, den, pct = m.groups()
     digits = _GROUP_SEPARATORS.sub("", digits)
@@ -189,6 +189,7 @@ def to_number(candidate: str) -> Number | None:
 
 
 _ASSIGNMENT = re.compile(r"\s*[A-Za-z](?:_\{?\w+\}?)?\s*=(?![=<>])\s*")
+_OR = re.compile(r"\bor\b", re.IGNORECASE)
 _DECIMAL_COMMA = re.compile(r"[-+]?(?:0|\d{4,}),\d+")
 _GROUP_SEPARATORS = re.compile("[, \u00a0\u202f]")
 _LONG_INTEGER = re.compile(r"[-+]?\d+")
@@ -234,6 +235,7 @@ def looks_like_text(value: str) -> bool:
     return _WORD.search(_COMMAND.sub(" ", value)) is not None
 
 
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textbf|textrm|textit|mbox)\s*\{")
 _TEXT_ONLY = re.compile(r"[A-Za-z][A-Za-z .,'-]*")
 
 
@@ -243,7 +245,7 @@ def text_answer(value: str) -> str | None:
     reference is compared as words, not by math-verify, which reads ``odd`` as the product
     o·d·d (equal to ``dod``)."""
     s = clean(value)
-    if _LATEX_WRAPPERS.match(s) is None:
+    if _TEXT_WRAPPER.match(s) is None:  # \mathrm{e} is math (a constant), not words
         return None
     return plain_words(s)
 

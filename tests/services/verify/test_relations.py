@@ -49,7 +49,16 @@ CASES: list[tuple[str, str, float, str]] = [
     (r"\sqrt{17}", "4.123105625617661", 1.0, "a surd against its decimal"),
     ("1.414214", r"\sqrt{2}", 1.0, "a decimal against a surd, to 6 places"),
     ("1.5", r"\sqrt{2}", 0.0, "a wrong decimal"),
+    ("x = 5, y = 6", "$x = 5$", 0.0, "a system with one more unknown"),
+    (r"\boxed{1}, \boxed{-2}, \boxed{5}", r"\boxed{1} and \boxed{-2}", 0.0, "one part too many"),
+    ("1, 2, 3", r"\boxed{1}, \boxed{2}", 0.0, "a list with one element too many"),
+    ("(3, 2)", "(2, 3)", 0.0, "a tuple is ordered"),
+    (r"\{3, 2\}", r"\{2, 3\}", 1.0, "a set is not"),
+    ("x > 4", "$x >= 5$", 0.0, "another inequality"),
+    (r"x \in (-\infty, 3)", "$x < 3$", 1.0, "a strict bound as an open interval"),
+    ("e", r"\mathrm{e}", 1.0, r"\mathrm{e} is math, compared by math-verify"),
     # --- a hedge is still not an answer
+    ("5 or x", "5", 0.0, "'or x' is not a unit"),
     (r"\boxed{17} or \boxed{18}", "18", 0.0, "two boxed values against one"),
     ("17, 18", "18", 0.0, "a list against one value"),
 ]
