@@ -65,7 +65,10 @@ COMPOSE_LEVEL = {
     "ARBITER_TORCH_INDEX_URL": "Where the embedding-cpu image gets torch's CPU build when "
     "docker/wheels/ holds no torch wheel (`make images` puts the host's there).",
     "ARBITER_RECIPES_FILE": "Extra recipes mounted into the gateway (GATEWAY_RECIPES_FILE).",
-    "ARBITER_REDIS_MAXMEMORY": "Redis memory cap (least recently used keys are evicted).",
+    "ARBITER_REDIS_MAXMEMORY": "Cache Redis memory cap (least recently used keys are evicted).",
+    "ARBITER_STATE_REDIS_MAXMEMORY": "State Redis memory cap (usage ledger, quotas, idempotency "
+    "keys; noeviction: full, it refuses writes). Size it to GATEWAY_IDEMPOTENCY_TEAM_BYTES x "
+    "teams plus a few MB.",
     "ARBITER_KEYS_DIR": "Directory holding keys.yaml (`arbiter keys`), mounted into the "
     "gateway; keep it outside the checkout in production.",
     "ARBITER_EMBEDDING_TARGET": "Dockerfile target of the embedding image: embedding-cpu "

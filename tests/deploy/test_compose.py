@@ -35,7 +35,7 @@ from tests.deploy.deployfiles import (
 from tests.deploy.env_example import KEYS_FILE_IN_COMPOSE
 from tests.deploy.tools import run, tool
 
-CPU_SERVICES = {"redis", "verify", "embedding", "gateway", "sandbox"}
+CPU_SERVICES = {"redis", "state-redis", "verify", "embedding", "gateway", "sandbox"}
 PROFILES = {
     "gpu": {"vllm", "judge"},
     "cpu": {"vllm-cpu", "judge"},  # the judge's model on vLLM's CPU build
@@ -186,6 +186,7 @@ def test_volumes_for_redis_data_and_model_caches(compose: dict[str, Any]) -> Non
         return out
 
     assert mounts("redis")["/data"] in declared
+    assert mounts("state-redis")["/data"] in declared
     assert mounts("embedding")["/home/arbiter/.cache/huggingface"] in declared
     assert mounts("vllm")["/root/.cache/huggingface"] in declared
     named = {s for n in services for s in mounts(n).values() if not s.startswith((".", "/", "$"))}

@@ -262,7 +262,7 @@ def test_prod_runs_the_large_models_with_more_replicas(rendered: Any) -> None:
     assert emb["EMBEDDING_TRUST_REMOTE_CODE"] == "true", "GTE-Qwen2 needs trust_remote_code"
     for w in _workloads(res):
         key = (w["kind"], w["metadata"]["name"])
-        if key != ("StatefulSet", "redis"):
+        if key not in {("StatefulSet", "redis"), ("StatefulSet", "state-redis")}:
             assert w["spec"]["replicas"] > base[key]["spec"]["replicas"] or key[1] == "vllm"
     for w in _workloads(res):
         for c in pod_containers(w):
@@ -347,7 +347,7 @@ def test_only_the_gateway_reaches_the_components(target: str, rendered: Any) -> 
                         assert ns == {"kubernetes.io/metadata.name": "monitoring"}, peer
         return out
 
-    for name in ("verify", "embedding", "judge", "redis", "sandbox"):
+    for name in ("verify", "embedding", "judge", "redis", "state-redis", "sandbox"):
         assert callers(name) == {"gateway"}, name
     assert callers("vllm") == {"judge"}
     assert callers("gateway") is None  # the public API
