@@ -82,7 +82,8 @@ def wanted(reference: str | None, prompt: str, entry_point: str | None, stdio: b
         return Wanted(stdio=True, prompt=prompt)
     tests, own_entry = _tests_and_entry(reference or "")
     tree = _parse(tests)
-    names = _free_names([tree]) if tree is not None else frozenset()
+    # builtins too: MBPP/126's function is named sum, which the tests call
+    names = _free_names([tree], builtin=True) if tree is not None else frozenset()
     entry = entry_point or own_entry
     if entry is None and (found := prompt_entry(prompt)) is not None:
         # HumanEval-style tests call check(<entry>); plain asserts name what they call
@@ -307,9 +308,9 @@ def _outside_scopes(stmt: ast.stmt) -> Iterator[ast.AST]:
                 stack.append(child)
 
 
-def _free_names(trees: list[ast.AST]) -> frozenset[str]:
+def _free_names(trees: list[ast.AST], builtin: bool = False) -> frozenset[str]:
     """Names read and never bound anywhere in ``trees`` (scopes not told apart: a name bound
-    anywhere counts as defined), builtins left out."""
+    anywhere counts as defined), builtins left out unless ``builtin``."""
     loaded: set[str] = set()
     bound: set[str] = set()
     for tree in trees:
@@ -324,7 +325,7 @@ def _free_names(trees: list[ast.AST]) -> frozenset[str]:
                 bound |= {(a.asname or a.name).split(".")[0] for a in node.names}
             elif isinstance(node, ast.ExceptHandler) and node.name:
                 bound.add(node.name)
-    return frozenset(loaded - bound - BUILTINS)
+    return frozenset(loaded - bound if builtin else loaded - bound - BUILTINS)
 
 
 def _parse(text: str) -> ast.Module | None:

@@ -40,7 +40,8 @@ def run(program: str, call: str) -> object:
 
 
 def test_what_the_tests_need_entry_point_and_the_names_they_use() -> None:
-    assert HE.entry == "find_zero" and HE.names == {"find_zero", "poly"}
+    # builtins too (abs): a response may define a function of that name (MBPP/126's sum)
+    assert HE.entry == "find_zero" and HE.names == {"find_zero", "poly", "abs"}
     # params.entry_point first, as parse_reference resolves it
     assert wanted(CHECK, PROMPT, "other", False).entry == "other"
     # HumanEval-style tests without a named entry point: the prompt's last function
@@ -102,6 +103,13 @@ def test_plain_assert_tests_choose_the_block_defining_what_they_call() -> None:
     want = wanted("assert area(2) == 4\nassert area(0) == 0\n", "Write area.", None, False)
     response = fence("def area(s):\n    return s * s\n") + fence("print(area(3))\n")
     assert extract_program(response, want) == "def area(s):\n    return s * s\n"
+
+
+def test_a_function_named_like_a_builtin_is_what_the_tests_call() -> None:
+    # MBPP/126 asks for sum(a, b): the block defining it is the program, not the example
+    want = wanted("assert sum(10, 15) == 6\n", "Write a function sum.", None, False)
+    solution = "def sum(a, b):\n    return 6\n"
+    assert extract_program(fence(solution) + fence("print(sum(10, 15))\n"), want) == solution
 
 
 def test_stdio_takes_the_last_block_that_reads_input_with_its_helpers() -> None:

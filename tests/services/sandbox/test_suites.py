@@ -29,11 +29,7 @@ from tests.services.sandbox.conftest import Sandbox
 
 SUITES = Path(__file__).parent / "suites"
 # (problem id, response kind) -> why today's sandbox scores it otherwise
-KNOWN: dict[tuple[str, str], str] = {
-    ("Mbpp/126", "fenced_example"): "the program is taken to be the usage-example block: "
-    "assemble.wanted leaves builtin names (sum) out of the names the tests need, so the "
-    "block defining sum is not chosen and the tests call the builtin (invalid_reference)",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def rows(suite: str) -> list[dict[str, Any]]:
