@@ -21,13 +21,13 @@ def _listening(port: int) -> bool:
 
 
 def _up_argv(tmp_path: Path, gsm8k_dir: Path, *extra: str) -> tuple[list[str], list[int]]:
-    """argv and ports: gateway, verify, embedding, redis, sandbox."""
-    ports = [free_port() for _ in range(5)]
+    """argv and ports: gateway, verify, embedding, redis, sandbox, state redis."""
+    ports = [free_port() for _ in range(6)]
     argv = [
         sys.executable, "-m", "arbiter.cli", "up",
         "--gateway-port", str(ports[0]), "--verify-port", str(ports[1]),
         "--embedding-port", str(ports[2]), "--redis-port", str(ports[3]),
-        "--sandbox-port", str(ports[4]),
+        "--sandbox-port", str(ports[4]), "--state-redis-port", str(ports[5]),
         "--data", str(gsm8k_dir), "--samples", "2", "--logs", str(tmp_path / "logs"), *extra,
     ]  # fmt: skip
     return argv, ports
@@ -90,7 +90,7 @@ def _free_run(n: int) -> int:
 def test_port_base_moves_every_process_and_prints_arbiter_url(
     tmp_path: Path, gsm8k_dir: Path
 ) -> None:
-    base = _free_run(6)
+    base = _free_run(7)
     argv = [
         sys.executable, "-m", "arbiter.cli", "up", "--once", "--no-embedding", "--no-sandbox",
         "--verify-port", str(_free_run(1)),  # a single flag still wins over the base
@@ -102,6 +102,7 @@ def test_port_base_moves_every_process_and_prints_arbiter_url(
     out = done.stdout
     assert f"  gateway    http://127.0.0.1:{base} " in out, out
     assert f"  redis      redis://127.0.0.1:{base + 5} " in out, out
+    assert f"  state-redis redis://127.0.0.1:{base + 6} " in out, out
     assert f"  verify     http://127.0.0.1:{base + 1} " not in out, out  # its flag won
     assert f"  export ARBITER_URL=http://127.0.0.1:{base}\n" in out, out
     assert "math_accuracy=1.000" in out
