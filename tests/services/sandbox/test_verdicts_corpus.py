@@ -21,6 +21,7 @@ import pytest
 from tests.services.sandbox.conftest import Sandbox, group
 
 PLUS_ONE = "assert f(1) == 2\nassert f(2) == 3\n"
+EXPECTS_RAISE = "try:\n    f(-1)\n    assert False\nexcept Exception:\n    pass\nassert f(1) == 1\n"
 
 
 def humaneval(tests: str, entry: str = "f") -> str:
@@ -121,6 +122,20 @@ FORGING = {
     "endless recursion": Case(PLUS_ONE, "def f(x):\n    return f(x)\n", 0.0),
     "over the wire limit": Case(PLUS_ONE, "def f(x):\n    return 'x' * (9 << 20)\n", 0.0),
     "forged assertion text": Case(PLUS_ONE, "def f(x):\n    raise AssertionError('P 0')\n", 0.0),
+    # a test that expects an exception: leaving, or failing to answer, is not one
+    "exits where an exception is expected": Case(
+        EXPECTS_RAISE,
+        "import os\ndef f(x):\n    if x < 0:\n        os._exit(0)\n    return x\n",
+        0.5,
+    ),
+    "SystemExit where an exception is expected": Case(
+        EXPECTS_RAISE, "def f(x):\n    if x < 0:\n        raise SystemExit(0)\n    return x\n", 0.5
+    ),
+    "an oversized result where an exception is expected": Case(
+        EXPECTS_RAISE,
+        "def f(x):\n    if x < 0:\n        return 'x' * (9 << 20)\n    return x\n",
+        0.5,
+    ),
     # ints that all hash alike cross as a set the checker builds in quadratic time: the
     # checker's CPU is counted as the program's, so a wrong answer is judged starved
     "a set the checker cannot build": Case(
