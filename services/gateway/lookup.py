@@ -64,7 +64,14 @@ def _fill_hit(comp: ComponentScores, g: int, j: int, value: Value, n: int) -> No
             comp.hits += n
             comp.hit_at.update((g, i) for i in range(n))
         else:
-            comp.scores[g][j] = float(value)
+            text = value.decode() if isinstance(value, bytes) else value
+            if text.startswith("{"):  # a score with its notes on this response
+                doc = json.loads(text)
+                comp.scores[g][j] = float(doc["s"])
+                if isinstance(doc.get("i"), dict) and doc["i"]:
+                    comp.notes[(g, j)] = doc["i"]
+            else:  # a bare score
+                comp.scores[g][j] = float(text)
             comp.hits += 1
             comp.hit_at.add((g, j))
     except (ValueError, KeyError, TypeError):

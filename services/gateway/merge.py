@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from arbiter.errors import ArbiterError, InvalidRequest, Timeout, Unavailable, Unprocessable
 from arbiter.proto.components import ComponentResponse, ScoreGroup
@@ -90,10 +91,17 @@ def _merge_one(
                         comp.errors[item.g].append((j, "bad_response", f"{name}: null, no reason"))
             elif not comp.group_level and u not in explained:
                 # a score with an error entry for it (outside the contract) is not a verdict
-                # to keep: served, never cached
-                writes.append((item.keys[u], repr(score)))
+                # to keep: served, never cached. Its notes are kept with it (the reasons a
+                # test failed, the extracted answer), so a cached 0 still says why.
+                note = _note(rg.info, u, len(item.texts))
+                cached = json.dumps({"s": score, "i": note}) if note else repr(score)
+                writes.append((item.keys[u], cached))
             for j in item.positions[u]:
                 comp.scores[item.g][j] = score
+                if not comp.group_level:
+                    note = _note(rg.info, u, len(item.texts))
+                    if note:
+                        comp.notes[(item.g, j)] = note
         info = rg.info
         if info and not item.full:
             info = {**info, "sent_indices": [p[0] for p in item.positions]}
@@ -101,6 +109,27 @@ def _merge_one(
             comp.info[item.g] = info
         if comp.group_level and all_ok and not explained:
             writes.append((item.keys[0], json.dumps({"s": rg.scores, "i": rg.info})))
+
+
+def _note(info: dict[str, Any], u: int, n: int) -> dict[str, Any]:
+    """Response ``u``'s share of a group's notes: each list with one entry per response."""
+    return {k: v[u] for k, v in info.items() if isinstance(v, list) and len(v) == n}
+
+
+def join_notes(comps: list[ComponentScores], groups: list[ScoreGroup]) -> None:
+    """Where some of a group's scores came from the cache with their notes, the group's
+    ``info`` lists every response's (``None`` where a response has none), so a cached
+    score explains itself as a fresh one does."""
+    for comp in comps:
+        if comp.group_level or not comp.hit_at:
+            continue
+        for g, group in enumerate(groups):
+            mine = [comp.notes.get((g, j)) for j in range(len(group.responses))]
+            if not any((g, j) in comp.hit_at and mine[j] for j in range(len(mine))):
+                continue
+            names = dict.fromkeys(k for note in mine if note for k in note)
+            rest = {k: v for k, v in comp.info[g].items() if k not in names and k != "sent_indices"}
+            comp.info[g] = {**rest, **{k: [(n or {}).get(k) for n in mine] for k in names}}
 
 
 def failure_error(failures: list[ArbiterError]) -> ArbiterError:

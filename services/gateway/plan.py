@@ -38,6 +38,9 @@ class ComponentScores:
     keys: list[list[str]]  # per group: its cache keys (one per response, or one per group)
     hits: int = 0  # scores filled from the cache
     hit_at: set[tuple[int, int]] = field(default_factory=set)  # their (group, index)
+    # a response-level component's notes on one response (its share of the group's lists),
+    # from the cache or the call: joined into ``info`` when some came from the cache
+    notes: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

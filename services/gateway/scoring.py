@@ -42,7 +42,7 @@ from arbiter.services.gateway.fanout import (
     not_configured,
 )
 from arbiter.services.gateway.lookup import CHUNK_KEYS, lookup
-from arbiter.services.gateway.merge import Merged, merge, weigh
+from arbiter.services.gateway.merge import Merged, join_notes, merge, weigh
 from arbiter.services.gateway.misses import Call, call, chunks, misses
 from arbiter.services.gateway.plan import ComponentScores, plan
 from arbiter.services.gateway.recipes import ResolvedRecipe
@@ -181,6 +181,7 @@ class Scorer:
         calls = await run(self._calls, comps, groups)
         results = await asyncio.gather(*(self._call(c, scope) for c in calls))
         merged = await run(merge, comps, calls, results)
+        join_notes(comps, groups)
         if not self.cache_enabled:
             merged.writes.clear()
         rewards, reward_errors = await run(weigh, comps, groups)

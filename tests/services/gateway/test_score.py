@@ -204,6 +204,14 @@ async def test_partial_hits_and_duplicates_keep_info_aligned(gateway_url: str) -
     assert group["components"]["math_accuracy"] == [0.0, 1.0, 1.0, 0.0, 1.0]
     assert group["components"]["format"] == [1.0, 1.0, 0.0, 0.0, 0.0]
     assert body["usage"]["cache_hits"] == 4  # a and b, for both components
-    # verify saw only [c, d] (c once): its per-position info maps back via sent_indices
+    # verify saw only [c, d] (c once); a's and b's notes came from the cache with their
+    # scores: the info lists every response's, in the group's order
     info = group["info"]["math_accuracy"]
-    assert info["sent_indices"] == [2, 3] and len(info["answers"]) == 2
+    assert "sent_indices" not in info and len(info["answers"]) == 5, info
+    assert info["answers"][0] == primed.json()["groups"][0]["info"]["math_accuracy"]["answers"][0]
+    assert info["answers"][2] == info["answers"][4]  # c, scored once, at both its places
+    # with no cached notes, a de-duplicated group maps its positions via sent_indices
+    fresh = {**base, "prompt": "info-test 2: 6*7?", "responses": [c, d, c]}
+    body = (await score(gateway_url, {"recipe": "gsm8k", "groups": [fresh]})).json()
+    info = body["groups"][0]["info"]["math_accuracy"]
+    assert info["sent_indices"] == [0, 1] and len(info["answers"]) == 2, info

@@ -68,6 +68,8 @@ def test_the_code_recipe_end_to_end_with_the_cache_and_usage(gateway: str, keys:
     again = post(gateway, body, keys.headers("coders")).json()
     assert again["usage"]["cache_hits"] == 12 and again["usage"]["sandbox_cpu_ms"] == 0
     assert [g["rewards"] for g in again["groups"]] == [g["rewards"] for g in out["groups"]]
+    # a cached score keeps its reasons: the same breakdown, failed tests and why
+    assert [g["info"] for g in again["groups"]] == [g["info"] for g in out["groups"]]
     # other tests for the same program are another cache entry: the key covers the tests
     changed = [{**g, "reference": g["reference"].replace("==", "!=", 1)} for g in groups[:1]]
     third = post(gateway, {"recipe": "code", "groups": changed}, keys.headers("coders")).json()
