@@ -23,12 +23,24 @@ from arbiter.trainer.rollout import Rollout
 log = logging.getLogger("trainer")
 
 
+NO_SIGNAL_EVERY = 20  # steps between repeats of the "no reward variance" warning
+
+
 class RunLogger:
     def __init__(
-        self, run_dir: Path, *, total_steps: int, start_step: int, enabled: bool, progress: bool
+        self,
+        run_dir: Path,
+        *,
+        total_steps: int,
+        start_step: int,
+        enabled: bool,
+        progress: bool,
+        kl_term: bool = True,
     ) -> None:
         self.run_dir = run_dir
         self.enabled = enabled
+        self.kl_term = kl_term  # beta > 0: the KL column means something
+        self.flat_steps = 0  # consecutive steps in which no group's rewards varied
         self.path = run_dir / "metrics.jsonl"
         self.bar: Any = None
         if enabled and progress:
@@ -45,14 +57,15 @@ class RunLogger:
 
     def step(self, record: dict[str, Any]) -> None:
         self.write({"kind": "train", **record})
+        self._warn_if_flat(record)
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(
-                reward=f"{record.get('reward/mean', float('nan')):.3f}",
-                kl=f"{record.get('kl', 0.0):.4f}",
-                len=f"{record.get('completion_len/mean', 0):.0f}",
-                wait=f"{record.get('time/reward_wait', 0):.2f}s",
-            )
+            shown = {"reward": f"{record.get('reward/mean', float('nan')):.3f}"}
+            if self.kl_term:
+                shown["kl"] = f"{record.get('kl', 0.0):.4f}"
+            shown["len"] = f"{record.get('completion_len/mean', 0):.0f}"
+            shown["wait"] = f"{record.get('time/reward_wait', 0):.2f}s"
+            self.bar.set_postfix(shown)
         elif self.enabled:
             log.info(
                 "step %d reward %.3f len %.1f step %.2fs",
@@ -60,6 +73,25 @@ class RunLogger:
                 record.get("reward/mean", float("nan")),
                 record.get("completion_len/mean", 0.0),
                 record.get("time/step", 0.0),
+            )
+
+    def _warn_if_flat(self, record: dict[str, Any]) -> None:
+        """GRPO learns from reward differences within a group: a step in which every group's
+        rewards are equal (all right, all wrong, all null) moves nothing. Said at the first
+        such step and every ``NO_SIGNAL_EVERY`` in a row after it, not silently."""
+        if record.get("groups/zero_std_frac") != 1.0:
+            self.flat_steps = 0
+            return
+        self.flat_steps += 1
+        if self.enabled and self.flat_steps % NO_SIGNAL_EVERY == 1:
+            log.warning(
+                "step %d: no group's rewards varied (%d step(s) in a row): no learning signal. "
+                "Rewards all equal (mean %.3f) mean the task is too hard or too easy for the "
+                "model, or the recipe scores everything alike: check a few rewards with "
+                "`arbiter score`, raise group_size, or change the recipe",
+                record["step"],
+                self.flat_steps,
+                record.get("reward/mean", float("nan")),
             )
 
     def close(self) -> None:

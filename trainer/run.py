@@ -180,6 +180,7 @@ def build_run(cfg: TrainerConfig) -> Run:
         start_step=start_step,
         enabled=dist.main,
         progress=cfg.progress,
+        kl_term=cfg.beta > 0,
     )
     spec = RolloutSpec(
         group_size=cfg.group_size,

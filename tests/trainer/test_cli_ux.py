@@ -7,10 +7,13 @@ numbers agree between the log, metrics.jsonl and the checkpoints (counted from 1
 from __future__ import annotations
 
 import json
+import logging
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from arbiter.procs import free_port
 from arbiter.trainer.metrics import run_summary
@@ -138,3 +141,29 @@ def test_the_summary_averages_the_first_and_last_steps(tmp_path: Path) -> None:
         "  held-out   0.250 -> 0.500  (greedy accuracy at step 0 -> 16)",
         f"  metrics    {tmp_path / 'metrics.jsonl'}",
     ]
+
+
+def test_steps_without_reward_variance_are_said_and_kl_shows_only_when_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from arbiter.trainer.metrics import NO_SIGNAL_EVERY, RunLogger
+
+    def steps(logger: RunLogger, fracs: list[float]) -> None:
+        for i, frac in enumerate(fracs, 1):
+            logger.step({"step": i, "reward/mean": 0.0, "kl": 0.0, "groups/zero_std_frac": frac})
+
+    quiet = RunLogger(tmp_path, total_steps=99, start_step=0, enabled=True, progress=False)
+    with caplog.at_level(logging.WARNING, logger="trainer"):
+        steps(quiet, [0.5, 1.0, 1.0] + [1.0] * NO_SIGNAL_EVERY + [0.25, 1.0])
+    said = [r.getMessage() for r in caplog.records if "no learning signal" in r.getMessage()]
+    # the first flat step, again after NO_SIGNAL_EVERY in a row, and after a step with signal
+    assert [m.split(":")[0] for m in said] == ["step 2", f"step {2 + NO_SIGNAL_EVERY}", "step 25"]
+    assert "(1 step(s) in a row)" in said[0] and "raise group_size" in said[0]
+    for kl_term in (False, True):
+        bar = RunLogger(tmp_path, total_steps=9, start_step=0, enabled=True, progress=True,
+                        kl_term=kl_term)  # fmt: skip
+        capsys.readouterr()
+        steps(bar, [0.5])
+        bar.close()
+        shown = capsys.readouterr().err  # the bar's line
+        assert "reward=0.000" in shown and ("kl=" in shown) is kl_term, shown
