@@ -4,6 +4,7 @@ answers, decimals against surds)."""
 
 from __future__ import annotations
 
+import httpx
 import pytest
 
 from arbiter.services.verify.scoring import score_math_direct
@@ -81,3 +82,19 @@ def test_prose_reference_is_still_invalid() -> None:
     # Prose without LaTeX (a question pasted as the reference) is not a word answer.
     r = score_math_direct("<answer>hello world</answer>", "hello world")
     assert (r.score, r.kind) == (None, "invalid_reference")
+
+
+def test_whole_references_over_http(verify_url: str) -> None:
+    # The same table through the running service (pool workers, fast path on): one group
+    # per reference, every answer of the table for it in one request.
+    by_reference: dict[str, list[tuple[str, float]]] = {}
+    for answer, reference, expected, _ in CASES:
+        by_reference.setdefault(reference, []).append((f"<answer>{answer}</answer>", expected))
+    groups = [
+        {"id": str(i), "reference": ref, "responses": [r for r, _ in rows]}
+        for i, (ref, rows) in enumerate(by_reference.items())
+    ]
+    r = httpx.post(f"{verify_url}/v1/math", json={"groups": groups, "params": {}}, timeout=120)
+    assert r.status_code == 200, r.text
+    for group, rows in zip(r.json()["groups"], by_reference.values(), strict=True):
+        assert group["scores"] == [e for _, e in rows], (rows, group["errors"])
