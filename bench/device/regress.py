@@ -73,7 +73,9 @@ CHECKS: dict[str, tuple[str, float, str, str]] = {
     "speed.ratio": ("min", 0.20, "rel", "2 H200 calls: 2.47x, 2.26x (8 %)"),
     "speed.ours_tokens_per_s": ("min", 0.20, "rel", "2 H200 calls: 9,121, 8,148 (11 %)"),
     "speed.ours_peak_GiB": ("max", 0.03, "rel", "2 H200 calls: 13.13 GiB both"),
-    "embed.texts_per_s": ("min", 0.20, "rel", "2 H200 calls: 3,310, 3,535 (7 %)"),
+    # host-bound (tokenizing, HTTP): the same card's calls spread widely; the service's own
+    # cost is embed.ratio (to raw model.encode in the same call), which stays tight
+    "embed.texts_per_s": ("min", 0.45, "rel", "H200: 3,310-4,685; H100: 4,068-6,519 texts/s"),
     "embed.ratio": ("min", 0.15, "rel", "2 H200 calls: 0.80, 0.83"),
 }
 
