@@ -86,6 +86,27 @@ def test_a_full_cache_evicts_no_ledger_quota_or_idempotency_key(
         proc.stop()
 
 
+def test_the_gateway_applies_its_team_budget(
+    log_dir: Path, verify_url: str, redis_url: str, state_redis: str, tmp_path: Path
+) -> None:
+    """GATEWAY_IDEMPOTENCY_TEAM_BYTES reaches the gateway: an answer over a 1 KiB budget is
+    not stored, so its retry is scored (and counted) again instead of replayed."""
+    keys = Keys(tmp_path / "keys.yaml")
+    keys.add("a", "a")
+    env = {"GATEWAY_STATE_REDIS_URL": state_redis, "GATEWAY_IDEMPOTENCY_TEAM_BYTES": "1024"}
+    proc, gateway = start_gateway(log_dir, verify_url, redis_url, keys, **env)
+    try:
+        body = {"recipe": "gsm8k", "groups": groups(4, 2)}
+        idem = keys.headers("a", **{"Idempotency-Key": uuid.uuid4().hex})
+        first = post(gateway, body, idem)
+        assert first.status_code == 200 and len(first.content) > 1024, first.text
+        again = post(gateway, body, idem)
+        assert again.status_code == 200 and "Idempotent-Replayed" not in again.headers
+        assert team_total(usage(gateway, keys.headers("a")), "a", "requests") == 2
+    finally:
+        proc.stop()
+
+
 @pytest_asyncio.fixture
 async def state(state_redis: str) -> AsyncIterator[Redis]:
     client = Redis.from_url(state_redis)
