@@ -58,7 +58,8 @@ def serve_requests(scope):
 
     def other(obj):  # an object that is not a plain value: kept here, sent as a number
         refs[len(refs) + 1] = obj
-        return "r", f"{len(refs)} {type(obj).__name__}"
+        lazy = "i" if hasattr(type(obj), "__next__") else "o"  # an iterator: read as needed
+        return "r", f"{len(refs)} {type(obj).__name__} {lazy}"
 
     def ref(kind, key):  # the checker hands back one of ours, or names one of the program's
         if kind == "n":
@@ -77,7 +78,7 @@ def serve_requests(scope):
         try:
             reply = ("v", _answer(scope, refs, request))
         except BaseException as exc:
-            reply = ("e", type(exc).__name__, _exc_text(exc, False))
+            reply = ("e", type(exc).__name__, _exc_text(exc, False), _builtin_base(exc))
         try:
             wire_send(ANSWER_FD, reply, other)
         except WireError as exc:
@@ -97,11 +98,30 @@ def _answer(scope, refs, request):
         return request[2] in obj
     if op == "iter":
         return iter(obj)
+    if op == "next":  # up to n items; fewer at its end
+        items = []
+        for _ in range(min(int(request[2]), 4096)):
+            try:
+                items.append(next(obj))
+            except StopIteration:
+                break
+        return items
     if op == "len":
         return len(obj)
     if op == "bool":
         return bool(obj)
     return str(obj) if op == "str" else repr(obj)
+
+
+def _builtin_base(exc):
+    """The nearest builtin exception class of ``exc``'s (a class merely named ValueError
+    is not one): what the tests' ``except`` clauses may catch it as."""
+    import builtins
+
+    for cls in type(exc).__mro__:
+        if builtins.__dict__.get(cls.__name__) is cls:
+            return cls.__name__
+    return "Exception"
 
 
 def _lookup(scope, name):

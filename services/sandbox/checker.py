@@ -125,8 +125,8 @@ class Link:
             raise ProgramFailed(self.gone) from None
         if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "v":
             return reply[1]
-        if isinstance(reply, tuple) and len(reply) == 3 and reply[0] == "e":
-            raise _exception(str(reply[1]), str(reply[2]))
+        if isinstance(reply, tuple) and len(reply) == 4 and reply[0] == "e":
+            raise _exception(str(reply[1]), str(reply[2]), str(reply[3]))
         if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "x":
             raise ProgramFailed(cut(reply[1]))
         if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "D":  # from PID 1
@@ -150,7 +150,7 @@ class Link:
     def make_ref(self, kind, key):
         if kind != "r":
             raise WireError("not a value (a name)")
-        return Ref(self, key)
+        return IterRef(self, key) if key.endswith(" i") else Ref(self, key)
 
 
 LINK: Link | None = None
@@ -218,20 +218,46 @@ class Ref:
         return str(self._ask("str"))
 
     def __repr__(self):
-        return f"<{self._key.split(' ', 1)[-1]} object of the program's>"
+        return f"<{self._key.split(' ')[1]} object of the program's>"
+
+
+class IterRef(Ref):
+    """An iterator of the program's (a generator, ``map``): read as the tests read it, a
+    few items a request (1, 2, 4 … at most 1024), so its side effects happen as it is read
+    and an endless one is read only as far as the tests go."""
+
+    __slots__ = ("_buf", "_n")
+
+    def __init__(self, link, key):
+        super().__init__(link, key)
+        self._buf, self._n = [], 1
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if not self._buf:
+            items = self._ask("next", self._n)
+            if type(items) is not list or not items:
+                raise StopIteration
+            self._buf, self._n = items[::-1], min(self._n * 2, 1024)
+        return self._buf.pop()
 
 
 EXITS = ("SystemExit", "KeyboardInterrupt", "GeneratorExit")
 
 
-def _exception(name, message):
-    """The program's exception as the tests can catch it: a builtin one by its name, any
-    other an ``Exception`` of that name; leaving the program is a failure, not a signal."""
-    if name in EXITS:
+def _exception(name, message, base):
+    """The program's exception as the tests can catch it: a builtin one as itself, any
+    other as a class of its name under its nearest builtin base (a class merely named
+    ValueError is no ValueError); leaving the program is a failure, not a signal."""
+    if base in EXITS or name in EXITS:
         return ProgramFailed(f"the program raised {name}" + (f": {message}" if message else ""))
-    cls = getattr(builtins, name, None)
+    cls = getattr(builtins, base, None)
     if not (isinstance(cls, type) and issubclass(cls, Exception)):
-        cls = type(name if name.isidentifier() else "ProgramError", (Exception,), {})
+        cls = Exception
+    if name != base:
+        cls = type(name if name.isidentifier() else "ProgramError", (cls,), {})
     try:
         return cls(message) if message else cls()
     except Exception:
@@ -245,6 +271,9 @@ def bind_names(names, program):
     program's (``Remote``)."""
     import sys
 
+    # a builtin the program redefines is the program's only when the tests name nothing
+    # else of it (MBPP 126's solution is sum): else it is the tests' own (abs, sorted …)
+    own = [n for n in names if not hasattr(builtins, n) and not isinstance(program.get(n), str)]
     bound: dict = {}
     for name in names:
         module = program.get(name)
@@ -256,10 +285,24 @@ def bind_names(names, program):
                 continue
             except Exception:
                 pass
-        if name not in program and hasattr(builtins, name):
+        if hasattr(builtins, name) and (own or name not in program):
             continue
         bound[name] = Remote(name)
     return bound
+
+
+def prompt_helpers(prompt, entry, names):
+    """The prompt's own definitions of the helpers the tests use (not the entry point): the
+    prompt is the group's, run here; a response that redefines a helper changes its own
+    program only."""
+    if not prompt:
+        return {}
+    scope = {"__name__": "__arbiter_prompt__", "__builtins__": builtins}
+    try:
+        exec(compile(prompt, "<prompt>", "exec"), scope)
+    except BaseException:
+        return {}
+    return {n: scope[n] for n in names if n != entry and callable(scope.get(n))}
 
 
 def checker_main(ctl_fd, secret_fd, secret_at, start, stop_on_fail):
@@ -308,6 +351,7 @@ def checker_main(ctl_fd, secret_fd, secret_at, start, stop_on_fail):
     scope = {"__name__": "__arbiter_tests__", "__builtins__": builtins}
     link.start()  # first: what the program defines decides what the tests' names are
     scope.update(bind_names(secret["names"], link.names))
+    scope.update(prompt_helpers(secret.get("prompt") or "", secret.get("entry"), secret["names"]))
     scope.update(__arbiter_begin__=begin, __arbiter_pass__=passed, __arbiter_fail__=fail)
     try:
         exec(compile(secret["tests"], "<tests>", "exec"), scope)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import ast
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 PROMPT_DEF = re.compile(r"^def\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(", re.MULTILINE)
@@ -36,13 +36,20 @@ class TestPlan:
     code: str = ""  # kind "tests": the prepared test code
     cases: tuple[dict[str, str], ...] = ()  # kind "stdio": the pairs
     names: tuple[str, ...] = ()  # kind "tests": the names they use and do not define
+    prompt: str = ""  # kind "tests": the prompt, when it defines helpers the tests use
+    entry: str = ""
 
     def job(self) -> dict[str, Any]:
         if self.kind == "stdio":
             # the inputs only: what a program could find in its memory it could print
             return {"kind": "stdio", "cases": [{"input": c["input"]} for c in self.cases]}
         # the tests travel apart: only the sandbox's checker reads them (jail.job_bytes)
-        secret = {"tests": self.code, "names": list(self.names)}
+        secret = {
+            "tests": self.code,
+            "names": list(self.names),
+            "prompt": self.prompt,
+            "entry": self.entry,
+        }
         return {"kind": "tests", "secret": secret, "n_tests": self.n_tests}
 
 
@@ -73,7 +80,26 @@ def parse_reference(
     if not isinstance(tests, str) or not tests.strip():
         raise ReferenceError_("reference tests: expected Python test code or a list of pairs")
     entry = entry_point or own_entry or _prompt_entry(prompt)
-    return _python(tests, entry, max_tests)
+    plan = _python(tests, entry, max_tests)
+    if entry and _prompt_helpers(prompt, entry, plan.names):
+        plan = replace(plan, prompt=prompt, entry=entry)
+    return plan
+
+
+def _prompt_helpers(prompt: str, entry: str, names: tuple[str, ...]) -> bool:
+    """Whether the prompt is code defining a function the tests use besides the entry point
+    (HumanEval/32's ``poly``, /38's ``encode_cyclic``): the checker runs the prompt's own
+    (``checker.prompt_helpers``), so a response cannot redefine what judges it."""
+    try:
+        tree = ast.parse(prompt)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return False
+    defined = {
+        n.name
+        for n in tree.body
+        if isinstance(n, ast.FunctionDef | ast.ClassDef | ast.AsyncFunctionDef)
+    }
+    return bool((defined - {entry}) & set(names))
 
 
 def _stdio(pairs: list[Any], max_tests: int) -> TestPlan:

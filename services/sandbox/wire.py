@@ -2,13 +2,14 @@
 joins this file to the harness).
 
 Only builtin values cross: None, bool, int, float, complex, str, bytes, bytearray, list,
-tuple, dict, set, frozenset, range, and ``fractions.Fraction`` and ``decimal.Decimal``
-(rebuilt from their numbers). A subclass crosses as its base type (a ``Counter`` as a
-dict, a ``namedtuple`` as a tuple): whatever its methods say, the checker gets the builtin
-value, whose ``==`` no program defines. An iterator (a generator, ``map``) crosses as the
-list of its first ``WIRE_ITEMS`` items and comes back as an iterator over them. Any other
-object stays in the program's process and crosses as a reference to it (``other``/``ref``
-hooks), which the checker can only hand back, call or ask about, never compare.
+tuple, dict, set, frozenset, range, ``fractions.Fraction`` and ``decimal.Decimal``
+(rebuilt from their numbers), ``collections.OrderedDict`` and namedtuples (rebuilt as
+such). Another subclass crosses as its base type (a ``Counter`` as a dict): whatever its
+methods say, the checker gets the builtin value, whose ``==`` no program defines. Any
+other object, an iterator included, stays in the program's process and crosses as a
+reference to it (``other``/``ref`` hooks), which the checker can only hand back, call, read
+or ask about, never compare; without that hook (what the tests send) an iterator crosses
+as the list of its first ``WIRE_ITEMS`` items and arrives as an iterator over them.
 
 The encoding is ours, bounded on both sides (size, depth); never pickle or marshal, which
 would read code from the program's bytes. A frame is a 4-byte length and the encoding.
@@ -67,6 +68,15 @@ def _wire_put(v, out, other, depth):
     elif isinstance(v, bytes | bytearray):
         raw = bytes(v)
         out += [b"b" if isinstance(v, bytes) else b"y", _wire_len(len(raw)), raw]
+    elif _wire_number(v, "collections", "OrderedDict"):  # its == minds the order
+        out += [b"O", _wire_len(len(v))]
+        for key, item in list(dict.items(v)):
+            _wire_put(key, out, other, depth + 1)
+            _wire_put(item, out, other, depth + 1)
+    elif isinstance(v, tuple) and isinstance(_wire_fields(v), tuple):
+        fields = [str(f) for f in _wire_fields(v)]  # a namedtuple: by name too
+        out.append(b"P")
+        _wire_put([type(v).__name__, fields, list(tuple.__iter__(v))], out, other, depth + 1)
     elif isinstance(v, dict):
         items = list(dict.items(v))
         out += [b"d", _wire_len(len(items))]
@@ -91,7 +101,7 @@ def _wire_put(v, out, other, depth):
     elif _wire_number(v, "decimal", "Decimal"):
         raw = str(v).encode()
         out += [b"D", _wire_len(len(raw)), raw]
-    elif hasattr(type(v), "__next__") and hasattr(type(v), "__iter__"):
+    elif other is None and hasattr(type(v), "__next__") and hasattr(type(v), "__iter__"):
         items = []
         for item in v:
             if len(items) >= WIRE_ITEMS:
@@ -106,6 +116,10 @@ def _wire_put(v, out, other, depth):
         out += [b"r" if kind == "r" else b"n", _wire_len(len(raw)), raw]
     else:
         raise WireError(f"a {type(v).__name__} cannot be sent")
+
+
+def _wire_fields(v):
+    return getattr(type(v), "_fields", None)
 
 
 def _wire_number(v, module, name):
@@ -173,17 +187,27 @@ def _wire_get(data, pos, ref, depth):
         import fractions
 
         return fractions.Fraction(*nums), pos
-    if tag in (b"l", b"t", b"S", b"Z", b"g", b"d"):
+    if tag == b"P":
+        (name, fields, items), pos = _wire_get(data, pos, ref, depth + 1)
+        import collections
+
+        return collections.namedtuple(str(name), [str(f) for f in fields], rename=True)(*items), pos
+    if tag in (b"l", b"t", b"S", b"Z", b"g", b"d", b"O"):
         n = int.from_bytes(data[pos : pos + 4], "big")
         pos += 4
         if n > len(data) - pos:
             raise WireError("not a value (too many items)")
         items = []
-        for _ in range(2 * n if tag == b"d" else n):
+        for _ in range(2 * n if tag in (b"d", b"O") else n):
             item, pos = _wire_get(data, pos, ref, depth + 1)
             items.append(item)
-        if tag == b"d":
-            return dict(zip(items[::2], items[1::2], strict=True)), pos
+        if tag in (b"d", b"O"):
+            pairs = zip(items[::2], items[1::2], strict=True)
+            if tag == b"O":
+                import collections
+
+                return collections.OrderedDict(pairs), pos
+            return dict(pairs), pos
         kinds: dict = {b"l": list, b"t": tuple, b"S": set, b"Z": frozenset, b"g": iter}
         return kinds[tag](items), pos
     raise WireError("not a value (unknown tag)")

