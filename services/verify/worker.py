@@ -73,6 +73,9 @@ logging.getLogger("math_verify").setLevel(logging.ERROR)
 _EXTRACTION = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
 
 
+# A relation answers a set or interval reference (``x \\le 3`` for ``(-\\infty, 3]``), as it
+# already answers one written as a relation: math-verify's default allows only the latter.
+_VERIFY = {"allow_set_relation_comp": True}
 # Text that already marks its math: math-verify reads it as written (``\\$`` and all).
 _DELIMITED = ("$", "\\(", "\\[", "\\boxed", "\\fbox")
 
@@ -145,7 +148,7 @@ def _mv_equal(gold: tuple[Any, ...], pred: list[Any], timeout_s: int) -> bool:
     timed_out = False
     for g, p in product(gold, pred):
         try:
-            if verify(g, p, timeout_seconds=timeout_s, raise_on_error=True):
+            if verify(g, p, timeout_seconds=timeout_s, raise_on_error=True, **_VERIFY):
                 return True
         except TimeoutException:
             timed_out = True

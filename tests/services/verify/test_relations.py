@@ -56,6 +56,8 @@ CASES: list[tuple[str, str, float, str]] = [
     ("(3, 2)", "(2, 3)", 0.0, "a tuple is ordered"),
     (r"\{3, 2\}", r"\{2, 3\}", 1.0, "a set is not"),
     ("x > 4", "$x >= 5$", 0.0, "another inequality"),
+    (r"x \le 3", r"$(-\infty, 3]$", 1.0, "an inequality answers an interval"),
+    (r"x \le 3", r"$(-\infty, 3)$", 0.0, "not an open one"),
     (r"x \in (-\infty, 3)", "$x < 3$", 1.0, "a strict bound as an open interval"),
     ("e", r"\mathrm{e}", 1.0, r"\mathrm{e} is math, compared by math-verify"),
     # --- a hedge is still not an answer
