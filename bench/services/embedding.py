@@ -227,6 +227,7 @@ def main() -> None:
     p.add_argument("--model", default=os.environ.get("EMBEDDING_MODEL") or default_model())
     p.add_argument("--gsm8k", type=Path, default=GSM8K)
     p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    p.add_argument("--plot", action="store_true", help="redraw the docs figure from --json")
     args = p.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -314,6 +315,10 @@ def main() -> None:
             "table": lines,
         }  # fmt: skip
         args.json.write_text(json.dumps(record, indent=2))
+        if args.plot:
+            from bench.services import plots
+
+            print(plots.render("embedding", args.json))
 
 
 if __name__ == "__main__":

@@ -341,6 +341,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="(c) duration per variant")
     parser.add_argument("--clients", type=int, default=16, help="(c) concurrent clients")
     parser.add_argument("--json", default=None, help="also write the numbers here")
+    parser.add_argument("--plot", action="store_true", help="redraw the docs figure from --json")
     parser.add_argument(
         "--baseline", type=Path, default=None, help="another checkout's gateway, timed alongside"
     )
@@ -349,6 +350,10 @@ def main() -> None:
     result = run(args.verify_url, args.requests, args.seconds, args.clients, baseline=args.baseline)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2))
+        if args.plot:
+            from bench.services import plots
+
+            print(plots.render("gateway", Path(args.json)))
     print(table(result))
 
 

@@ -9,7 +9,8 @@ measured here.
     python -m bench.services.plots                      # every figure, into docs/assets/
     python -m bench.services.plots sandbox --results bench/results/sandbox.json
 
-A benchmark script calls ``render(name, its_json_file)`` after a run to redraw its figure.
+A benchmark script run with ``--json FILE --plot`` calls ``render(name, FILE)`` after the
+run to redraw its figure from the new numbers.
 The ``*_series`` functions turn a results file into the plotted numbers (tested in
 tests/bench/test_plots.py); the ``_draw_*`` functions only draw.
 """
@@ -51,12 +52,22 @@ def embedding_series(res: dict[str, Any]) -> Series:
     return {k: _points(v) for k, v in out.items()}
 
 
+def _gateway_run(res: dict[str, Any]) -> dict[str, Any]:
+    """One run as ``python -m bench.services.gateway --json`` writes it, in the shape of a
+    run of the collected file (gateway_aiohttp.json)."""
+    return {
+        "load_before": res["load_before"],
+        "added_p50_ms": {k: v["p50_ms"] for k, v in res["added_latency_ms"].items()},
+        "cached_throughput_aiohttp_gateway": res.get("cached_throughput", {}),
+    }
+
+
 def gateway_series(res: dict[str, Any]) -> tuple[Series, Series]:
     """Per run, against the 1-minute load average before it: the gateway's added p50 (ms)
     in each case, and cached-hit responses/s for 1 and 8 groups per request."""
     added: Series = {}
     cached: Series = {}
-    for run in res["runs"]:
+    for run in res.get("runs") or [_gateway_run(res)]:
         load = float(run["load_before"][0])
         for case, ms in run["added_p50_ms"].items():
             if case.startswith("gateway"):
@@ -74,10 +85,9 @@ def sandbox_series(res: dict[str, Any]) -> dict[str, Series]:
     """Per workload: programs/s against programs in parallel, sandbox and plain
     subprocess (both runs at parallel = cores are kept)."""
     out: dict[str, Series] = {}
-    for key in SANDBOX_RUNS:
-        if key not in res:
-            continue
-        run = res[key]
+    # the collected file holds several runs; one run of the script is a run by itself
+    runs = [res[key] for key in SANDBOX_RUNS if key in res] or [res]
+    for run in runs:
         parallel = float(run["workers"])  # programs the service runs at once
         for workload, row in run["workloads"].items():
             series = out.setdefault(workload, {})
@@ -198,7 +208,7 @@ def _draw_gateway(res: dict[str, Any], path: Path, out: Path) -> Path:
 
 def _draw_sandbox(res: dict[str, Any], path: Path, out: Path) -> Path:
     series = sandbox_series(res)
-    machine = res.get("parallel_equals_cores", {}).get("machine", "2-core VM")
+    machine = res.get("parallel_equals_cores", res).get("machine", "2-core VM")
     fig, axes = _figure(len(series), _title({"machine": machine}, path, ""))
     for ax, (workload, s) in zip(axes, series.items(), strict=True):
         _lines(ax, s)

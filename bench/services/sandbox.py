@@ -210,12 +210,19 @@ def main() -> None:
     parser.add_argument("--nice", type=int, default=0, help="SANDBOX_NICE of the service")
     parser.add_argument("--spare", type=int, help="SANDBOX_SPARE (default: the service's)")
     parser.add_argument("--json", type=Path, help="write the numbers here")
+    parser.add_argument("--plot", action="store_true", help="redraw the docs figure from --json")
     args = parser.parse_args()
+    if args.plot and not args.json:
+        parser.error("--plot draws from the --json file: give --json too")
     out = asyncio.run(
         run(args.programs, args.workers, args.group, args.clients, args.nice, args.spare)
     )
     if args.json:
         args.json.write_text(json.dumps(out, indent=2) + "\n")
+    if args.plot:
+        from bench.services import plots
+
+        print(plots.render("sandbox", args.json))
 
 
 if __name__ == "__main__":

@@ -292,6 +292,7 @@ def main() -> None:
     parser.add_argument("--faults", action="store_true")
     parser.add_argument("--no-hostile", action="store_true", help="well-behaved clients only")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--plot", action="store_true", help="redraw the docs figure from --json")
     args = parser.parse_args()
     out = run(args.seconds, args.clients, args.faults, not args.no_hostile)
     summary = {k: v for k, v in out.items() if k != "timeline"}
@@ -302,6 +303,10 @@ def main() -> None:
               f"err={s['errors']} load={s['load1']} rss_mb: {rss}")  # fmt: skip
     if args.json:
         args.json.write_text(json.dumps(out, indent=1) + "\n")
+        if args.plot:
+            from bench.services import plots
+
+            print(plots.render("soak", args.json))
 
 
 if __name__ == "__main__":

@@ -363,6 +363,7 @@ def main() -> None:
         help="VERIFY_PROCESSES: event-loop processes, each with a pool of --workers",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the numbers here")
+    parser.add_argument("--plot", action="store_true", help="redraw the docs figure from --json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     result = run(
@@ -371,6 +372,10 @@ def main() -> None:
     print(table(result))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+        if args.plot:
+            from bench.services import plots
+
+            print(plots.render("verify", args.json))
 
 
 if __name__ == "__main__":

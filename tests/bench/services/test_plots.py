@@ -45,6 +45,21 @@ def test_gateway_points_are_placed_at_each_runs_load() -> None:
     assert set(cached) == {"1 group/request", "8 group/request"}
 
 
+def test_gateway_reads_one_run_as_the_script_writes_it() -> None:
+    # python -m bench.services.gateway --json: one run, added latency as {p50_ms, p99_ms}
+    one = {
+        "load_before": [3.5, 3.0, 2.5],
+        "added_latency_ms": {
+            "gateway no-cache math": {"p50_ms": 1.8, "p99_ms": 2.6},
+            "gateway+redis gsm8k": {"p50_ms": 2.4, "p99_ms": 6.0},
+        },
+        "cached_throughput": {"8 group/request": {"responses_per_s": 56333.0}},
+    }
+    added, cached = plots.gateway_series(one)
+    assert added == {"no-cache math": [(3.5, 1.8)], "Redis, gsm8k": [(3.5, 2.4)]}
+    assert cached == {"8 group/request": [(3.5, 56333.0)]}
+
+
 def test_sandbox_programs_per_second_against_parallelism() -> None:
     res = _recorded("sandbox")
     series = plots.sandbox_series(res)
@@ -55,6 +70,12 @@ def test_sandbox_programs_per_second_against_parallelism() -> None:
     got = dict(series["trivial"]["plain subprocess"])[8.0]
     want = res["parallel_4x_cores"]["workloads"]["trivial"]["plain_subprocess"]["programs_per_s"]
     assert got == pytest.approx(want)
+
+
+def test_sandbox_reads_one_run_as_the_script_writes_it() -> None:
+    one = _recorded("sandbox")["parallel_4x_cores"]  # the script's own output shape
+    series = plots.sandbox_series(one)
+    assert [x for x, _ in series["stdio"]["sandbox"]] == [8.0]
 
 
 def test_soak_skips_seconds_without_answers_and_spans_each_fault() -> None:
