@@ -87,6 +87,9 @@ def serve_requests(scope):
 
 def _answer(scope, refs, request):
     op, target = request[0], request[1]
+    if op == "constants":  # the program's plain-valued globals among these names
+        plain = (int, float, complex, str, bytes, bool, type(None), tuple, frozenset)
+        return {n: scope[n] for n in request[2] if type(scope.get(n)) in plain}
     obj = _lookup(scope, target) if op == "call" else refs[target]
     if op in ("call", "callr"):
         return obj(*request[2], **request[3])

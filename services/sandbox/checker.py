@@ -291,6 +291,20 @@ def bind_names(names, program):
     return bound
 
 
+def constants(link, names):
+    """The program's plain-valued globals among ``names`` (``LIMIT = 10``), as values: the
+    tests use them as values, not as functions to call. Asked once, before the tests."""
+    if not names or link.broken:
+        return {}
+    try:
+        found = link.ask(("constants", 0, names))
+    except BaseException:
+        return {}
+    finally:
+        link.calls = 0
+    return {n: v for n, v in found.items() if n in names} if type(found) is dict else {}
+
+
 def prompt_helpers(prompt, entry, names):
     """The prompt's own definitions of the helpers the tests use (not the entry point): the
     prompt is the group's, run here; a response that redefines a helper changes its own
@@ -351,6 +365,7 @@ def checker_main(ctl_fd, secret_fd, secret_at, start, stop_on_fail):
     scope = {"__name__": "__arbiter_tests__", "__builtins__": builtins}
     link.start()  # first: what the program defines decides what the tests' names are
     scope.update(bind_names(secret["names"], link.names))
+    scope.update(constants(link, [n for n, v in scope.items() if isinstance(v, Remote)]))
     scope.update(prompt_helpers(secret.get("prompt") or "", secret.get("entry"), secret["names"]))
     scope.update(__arbiter_begin__=begin, __arbiter_pass__=passed, __arbiter_fail__=fail)
     try:

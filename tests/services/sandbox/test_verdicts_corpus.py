@@ -228,7 +228,6 @@ HONEST_FORMATS = {
         "assert f(3) == LIMIT - 1\n",
         "LIMIT = 10\ndef f(x):\n    return 9\n",
         1.0,
-        bug="0.0: checker.bind_names binds LIMIT to a Remote, not its value (TypeError)",
     ),
     "math.isclose": Case(
         "import math\nassert math.isclose(f(0.1), 0.30000000000000004)\n",
