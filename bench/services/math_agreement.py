@@ -46,7 +46,11 @@ def library_verdict(gold: str, pred: str, config: dict[str, Any] | None) -> int:
     """The library alone, with a case's configuration (None: math_accuracy's)."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-    config = config or {"match_types": ["latex", "expr"], "boxed_match_priority": 0}
+    config = config or {
+        "match_types": ["latex", "expr"],
+        "boxed_match_priority": 0,
+        "allow_set_relation_comp": True,  # as the service (worker.py's _VERIFY)
+    }
     extraction: list[Any] = [
         LatexExtractionConfig(boxed_match_priority=config["boxed_match_priority"])
         if m == "latex"
