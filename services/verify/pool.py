@@ -36,11 +36,8 @@ import os
 import pickle
 import signal
 import socket
-import struct
 import time
-from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -50,6 +47,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from arbiter.errors import ItemResult
 from arbiter.proto.errors import ErrorKind
 from arbiter.services.common.throttle import ThrottledLog
+from arbiter.services.verify.channel import Chunk, Worker, frame, read_frame
 from arbiter.services.verify.queue import FairQueue, Job, Ticket
 from arbiter.services.verify.worker import CHUNK, RUNNING, STARTED, YIELD, Item, worker_main
 
@@ -82,45 +80,6 @@ _READY_TIMEOUT_S = 60.0
 _READ_LIMIT = 1 << 20
 
 
-@dataclass(eq=False)
-class _Chunk:
-    id: int
-    jobs: list[Job]
-    sent: float
-    answered: int = 0  # results received: jobs[:answered]
-    asked: bool = False  # asked to hand back early
-    yield_at: float = 0.0  # when to ask, if others wait (from when it became the head)
-
-
-@dataclass(eq=False)
-class _Worker:
-    proc: BaseProcess
-    writer: asyncio.StreamWriter
-    # RawArray('d', 4): [index of the running item (-1: not started, len: sending), its
-    # start time, the "yield" mark (a chunk id), the id of the chunk it runs] (worker.py)
-    shared: Any
-    inbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
-    reader: asyncio.Task[None] | None = None
-    getter: asyncio.Task[Any] | None = None  # the pending ``inbox.get()``
-    dead: bool = False  # its socket reached EOF
-    inflight: deque[_Chunk] = field(default_factory=deque)  # sent, in the order it runs them
-    wake: asyncio.Event = field(default_factory=asyncio.Event)  # work sent, or it died
-
-
-def _frame(msg: Any) -> bytes:
-    """``msg`` in ``multiprocessing.Connection``'s framing (what the worker's recv reads)."""
-    data = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-    n = len(data)
-    return (struct.pack("!i", n) if n <= 0x7FFFFFFF else struct.pack("!iQ", -1, n)) + data
-
-
-async def _read_frame(reader: asyncio.StreamReader) -> Any:
-    (n,) = struct.unpack("!i", await reader.readexactly(4))
-    if n == -1:
-        (n,) = struct.unpack("!Q", await reader.readexactly(8))
-    return pickle.loads(await reader.readexactly(n))
-
-
 class WorkerPool:
     def __init__(
         self,
@@ -144,7 +103,7 @@ class WorkerPool:
             self._ctx.set_forkserver_preload(["arbiter.services.verify.warmup"])
         self._queue = FairQueue(team_weights)
         ITEMS_QUEUED.set_function(lambda: self._queue.queued)  # the process's (one) pool
-        self._workers: list[_Worker | None] = [None] * size
+        self._workers: list[Worker | None] = [None] * size
         self._tasks: list[asyncio.Task[None]] = []
         self._closing = False
         self._chunk_ids = itertools.count()
@@ -169,7 +128,7 @@ class WorkerPool:
                 self._queue.requeue([j for c in w.inflight for j in c.jobs[c.answered :]])
                 w.inflight.clear()
                 with contextlib.suppress(Exception):
-                    w.writer.write(_frame(None))
+                    w.writer.write(frame(None))
                 await self._retire(i, graceful=True)
         self._queue.close(ItemResult(None, "unavailable", "verify service shutting down"))
 
@@ -211,7 +170,7 @@ class WorkerPool:
             sock.close()
             proc.kill()
             raise
-        w = _Worker(proc=proc, writer=writer, shared=shared)
+        w = Worker(proc=proc, writer=writer, shared=shared)
         w.reader = asyncio.create_task(self._read(w, reader), name="verify-worker-reader")
         try:
             hello = await asyncio.wait_for(w.inbox.get(), _READY_TIMEOUT_S)
@@ -224,11 +183,11 @@ class WorkerPool:
         self._workers[slot] = w
         WORKERS_ALIVE.set(self.alive)
 
-    async def _read(self, w: _Worker, reader: asyncio.StreamReader) -> None:
+    async def _read(self, w: Worker, reader: asyncio.StreamReader) -> None:
         """Move the worker's messages to its inbox; EOF (it died) is a message too."""
         try:
             while True:
-                w.inbox.put_nowait(await _read_frame(reader))
+                w.inbox.put_nowait(await read_frame(reader))
         except (asyncio.IncompleteReadError, OSError, pickle.UnpicklingError, EOFError):
             w.dead = True
             w.inbox.put_nowait(_EOF)
@@ -298,12 +257,12 @@ class WorkerPool:
                 if jobs:
                     self._send(w, jobs)
 
-    def _send(self, w: _Worker, jobs: list[Job]) -> None:
-        chunk = _Chunk(next(self._chunk_ids), jobs, time.monotonic())
+    def _send(self, w: Worker, jobs: list[Job]) -> None:
+        chunk = Chunk(next(self._chunk_ids), jobs, time.monotonic())
         flush_at = frozenset(
             i for i in range(1, len(jobs)) if jobs[i].ticket is not jobs[i - 1].ticket
         )
-        w.writer.write(_frame((chunk.id, [job.item for job in jobs], flush_at)))
+        w.writer.write(frame((chunk.id, [job.item for job in jobs], flush_at)))
         if not w.inflight:
             chunk.yield_at = chunk.sent + self.yield_after_s
             w.wake.set()
@@ -323,7 +282,7 @@ class WorkerPool:
                 w.wake.clear()
                 await w.wake.wait()  # set when a chunk is sent to it, or its socket closes
 
-    async def _watch(self, slot: int, w: _Worker) -> None:
+    async def _watch(self, slot: int, w: Worker) -> None:
         """Wait for the worker's next message, its running item's deadline or the time to
         ask it to yield, whichever comes first, and act on it."""
         head = w.inflight[0]
@@ -373,7 +332,7 @@ class WorkerPool:
             else:
                 head.yield_at = time.monotonic() + self.yield_after_s
 
-    def _deliver(self, w: _Worker, head: _Chunk, msg: Any) -> None:
+    def _deliver(self, w: Worker, head: Chunk, msg: Any) -> None:
         """Results from the worker to their requests; at the chunk's last message, the next
         chunk starts running and the worker gets another."""
         _, first, results, seconds, done = msg
@@ -394,7 +353,7 @@ class WorkerPool:
             self._queue.requeue(head.jobs[head.answered :])
         self._fill()
 
-    def _fail(self, w: _Worker, kind: ErrorKind, message: str, index: int) -> None:
+    def _fail(self, w: Worker, kind: ErrorKind, message: str, index: int) -> None:
         """The worker is lost: answer the head chunk's item at ``index`` (-1: none) with an
         error and put everything else it was sent back in the queue."""
         jobs: list[Job] = []
