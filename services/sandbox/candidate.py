@@ -78,7 +78,7 @@ def serve_requests(scope):
         try:
             reply = ("v", _answer(scope, refs, request))
         except BaseException as exc:
-            reply = ("e", type(exc).__name__, _exc_text(exc, False), _builtin_base(exc))
+            reply = ("e", type(exc).__name__, _exc_text(exc, False), _builtin_base(exc), _args(exc))
         try:
             wire_send(ANSWER_FD, reply, other)
         except WireError as exc:
@@ -114,6 +114,15 @@ def _answer(scope, refs, request):
     if op == "bool":
         return bool(obj)
     return str(obj) if op == "str" else repr(obj)
+
+
+def _args(exc):
+    """The exception's arguments when they are plain scalars (KeyError's key), else None."""
+    args = getattr(exc, "args", None)
+    scalars = (int, float, str, bytes, bool, type(None))
+    if type(args) is tuple and len(args) <= 8 and all(type(a) in scalars for a in args):
+        return args
+    return None
 
 
 def _builtin_base(exc):

@@ -125,8 +125,9 @@ class Link:
             raise ProgramFailed(self.gone) from None
         if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "v":
             return reply[1]
-        if isinstance(reply, tuple) and len(reply) == 4 and reply[0] == "e":
-            raise _exception(str(reply[1]), str(reply[2]), str(reply[3]))
+        if isinstance(reply, tuple) and len(reply) == 5 and reply[0] == "e":
+            args = reply[4] if type(reply[4]) is tuple else None
+            raise _exception(str(reply[1]), str(reply[2]), str(reply[3]), args)
         if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "x":
             raise ProgramFailed(cut(reply[1]))
         if isinstance(reply, tuple) and len(reply) == 2 and reply[0] == "D":  # from PID 1
@@ -218,7 +219,7 @@ class Ref:
         return str(self._ask("str"))
 
     def __repr__(self):
-        return f"<{self._key.split(' ')[1]} object of the program's>"
+        return str(self._ask("repr"))
 
 
 class IterRef(Ref):
@@ -247,7 +248,7 @@ class IterRef(Ref):
 EXITS = ("SystemExit", "KeyboardInterrupt", "GeneratorExit")
 
 
-def _exception(name, message, base):
+def _exception(name, message, base, args=None):
     """The program's exception as the tests can catch it: a builtin one as itself, any
     other as a class of its name under its nearest builtin base (a class merely named
     ValueError is no ValueError); leaving the program is a failure, not a signal."""
@@ -259,6 +260,8 @@ def _exception(name, message, base):
     if name != base:
         cls = type(name if name.isidentifier() else "ProgramError", (cls,), {})
     try:
+        if args is not None:
+            return cls(*args)
         return cls(message) if message else cls()
     except Exception:
         return Exception(f"{name}: {message}")

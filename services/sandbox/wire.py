@@ -68,8 +68,11 @@ def _wire_put(v, out, other, depth):
     elif isinstance(v, bytes | bytearray):
         raw = bytes(v)
         out += [b"b" if isinstance(v, bytes) else b"y", _wire_len(len(raw)), raw]
-    elif _wire_number(v, "collections", "OrderedDict"):  # its == minds the order
-        out += [b"O", _wire_len(len(v))]
+    elif _wire_number(v, "collections", "OrderedDict") or _wire_number(
+        v, "collections", "Counter"
+    ):  # an OrderedDict's == minds the order; a Counter has its own methods
+        out += [b"O" if _wire_number(v, "collections", "OrderedDict") else b"C"]
+        out.append(_wire_len(len(v)))
         for key, item in list(dict.items(v)):
             _wire_put(key, out, other, depth + 1)
             _wire_put(item, out, other, depth + 1)
@@ -192,21 +195,22 @@ def _wire_get(data, pos, ref, depth):
         import collections
 
         return collections.namedtuple(str(name), [str(f) for f in fields], rename=True)(*items), pos
-    if tag in (b"l", b"t", b"S", b"Z", b"g", b"d", b"O"):
+    if tag in (b"l", b"t", b"S", b"Z", b"g", b"d", b"O", b"C"):
         n = int.from_bytes(data[pos : pos + 4], "big")
         pos += 4
         if n > len(data) - pos:
             raise WireError("not a value (too many items)")
         items = []
-        for _ in range(2 * n if tag in (b"d", b"O") else n):
+        for _ in range(2 * n if tag in (b"d", b"O", b"C") else n):
             item, pos = _wire_get(data, pos, ref, depth + 1)
             items.append(item)
-        if tag in (b"d", b"O"):
+        if tag in (b"d", b"O", b"C"):
             pairs = zip(items[::2], items[1::2], strict=True)
-            if tag == b"O":
+            if tag != b"d":
                 import collections
 
-                return collections.OrderedDict(pairs), pos
+                kind = collections.OrderedDict if tag == b"O" else collections.Counter
+                return kind(dict(pairs)), pos
             return dict(pairs), pos
         kinds: dict = {b"l": list, b"t": tuple, b"S": set, b"Z": frozenset, b"g": iter}
         return kinds[tag](items), pos
