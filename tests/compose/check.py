@@ -355,27 +355,17 @@ def cmd_dashboard(prom: str, wait_s: float, judge: bool) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("score")
-    p.add_argument("url")
-    p.add_argument("data_dir", type=Path)
-    p = sub.add_parser("restart")
-    p.add_argument("url")
-    p.add_argument("during", nargs="+")
-    p = sub.add_parser("events")
-    p.add_argument("url")
-    p = sub.add_parser("published")
-    p.add_argument("project")
-    p = sub.add_parser("judge")
-    p.add_argument("url")
-    p.add_argument("--down", action="store_true")
-    p = sub.add_parser("auth")
-    p.add_argument("url")
-    p.add_argument("key")
-    p.add_argument("limited")
-    p = sub.add_parser("dashboard")
-    p.add_argument("prom")
-    p.add_argument("--wait-s", type=float, default=120.0)
-    p.add_argument("--no-judge", action="store_true")
+    positional = {"score": ["url", "data_dir"], "restart": ["url"], "events": ["url"],
+                  "published": ["project"], "judge": ["url"], "auth": ["url", "key", "limited"],
+                  "dashboard": ["prom"]}  # fmt: skip
+    parsers = {name: sub.add_parser(name) for name in positional}
+    for name, names in positional.items():
+        for arg in names:
+            parsers[name].add_argument(arg, type=Path if arg == "data_dir" else str)
+    parsers["restart"].add_argument("during", nargs="+")
+    parsers["judge"].add_argument("--down", action="store_true")
+    parsers["dashboard"].add_argument("--wait-s", type=float, default=120.0)
+    parsers["dashboard"].add_argument("--no-judge", action="store_true")
     args = parser.parse_args()
     try:
         if args.cmd == "score":
