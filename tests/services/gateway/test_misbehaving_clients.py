@@ -1,5 +1,6 @@
-"""The hostile review: what still broke after the shared-deployment fixes, tried as a client
-would.
+"""Clients that misbehave below and beside the API: a body sent to a route outside ``/v1``
+takes no team's body budget, and an OpenRLHF query that does not validate is refused naming
+its field.
 
 Real processes: a gateway with keys (``arbiter serve gateway``), the session's verify
 service and Redis; raw sockets where a client misbehaves below HTTP.
