@@ -1,7 +1,8 @@
 """Step 2: fill the plan from the cache, every component's keys in one round trip.
 
-A response-level entry is the score itself (``repr(float)``); a group-level entry is
-``{"s": scores, "i": info}`` for the whole ordered group. An entry that cannot be read, or a
+A response-level entry is the score itself (``repr(float)``), or ``{"s": score, "i": notes}``
+with the response's share of the group's info (``merge.join_notes`` puts it back); a
+group-level entry is ``{"s": scores, "i": info}`` for the whole ordered group. An entry that cannot be read, or a
 group entry of the wrong length, counts as a miss. ``pending`` holds this process's writes
 that the background store has not yet handed to Redis, so a request always sees the scores
 of the one just answered.
