@@ -328,3 +328,11 @@ def test_the_trl_snippet_runs_against_a_gateway(
     kwargs = {"prompts": [group["prompt"]] * 2, "completions": group["responses"]}
     math, fmt = (f(**kwargs, answer=[group["reference"]] * 2) for f in funcs)
     assert (math, fmt) == ([1.0, 0.0], [1.0, 0.0])
+
+
+def test_every_error_code_is_listed(site: Path) -> None:
+    codes = _hook().error_codes()
+    assert {"validation_error", "quota_busy", "prompt_mismatch", "invalid_range"} <= set(codes)
+    text = _page(site, "operations/errors")
+    missing = sorted(c for c in codes if c not in text)
+    assert missing == [], f"error codes missing from docs/operations/errors.md: {missing}"

@@ -14,6 +14,10 @@ the docs cannot drift from the code:
 - ``<!-- error-kinds -->``: every ``ErrorKind`` of ``arbiter.proto.errors``, whether it is
   retryable (``RETRYABLE_KINDS``) and the comment written beside it;
   ``<!-- error-types -->``: the same for the envelope's ``ErrorType``.
+- ``<!-- error-codes -->``: every ``code`` the code raises (each ``code="..."`` given to an
+  error in ``arbiter/``, ``services/``, ``proto/``, and the validation codes of
+  ``services.common.app.CODES``), with the status of the error class it is raised with and
+  where.
 - ``<!-- limits -->``: every limit checked before any work: the contract's bounds
   (``arbiter.proto.limits``, the wire models' field bounds) and each service's limit
   settings with their defaults, and the answer past each.
@@ -37,7 +41,7 @@ from arbiter.serve import SERVICES, settings_class
 
 # A marker is a line of its own (one quoted inside `code` in the prose is left alone).
 MARKER = re.compile(
-    r"^[ \t]*<!--\s*(settings|params|components|error-kinds|error-types|limits)"
+    r"^[ \t]*<!--\s*(settings|params|components|error-kinds|error-types|error-codes|limits)"
     r"(?::\s*([a-z_]+))?\s*-->"
     r"[ \t]*$",
     re.MULTILINE,
@@ -206,6 +210,65 @@ def _literal_table(name: str, header: str, retryable: bool) -> str:
     return "\n".join(rows)
 
 
+def error_codes() -> dict[str, dict[str, set[str]]]:
+    """code -> {"status": statuses, "where": modules}: every literal ``code=`` keyword of a
+    call in the package's source (an f-string's fields shown as ``<...>``), and the values of
+    ``services.common.app.CODES`` (pydantic's error types as codes, 422)."""
+    import ast
+
+    import arbiter
+    import arbiter.errors as errors
+    from arbiter.services.common.app import CODES
+
+    repo = Path(__file__).resolve().parents[2]
+    roots = [Path(arbiter.__file__).parent, repo / "services", repo / "proto"]
+    found: dict[str, dict[str, set[str]]] = {}
+
+    def add(code: str, status: str, where: str) -> None:
+        entry = found.setdefault(code, {"status": set(), "where": set()})
+        entry["status"].add(status)
+        entry["where"].add(where)
+
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            where = path.relative_to(repo).with_suffix("").as_posix()
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.Call):
+                    continue
+                cls = getattr(
+                    errors, getattr(node.func, "id", getattr(node.func, "attr", "")), None
+                )
+                status = str(getattr(cls, "status", "")) if isinstance(cls, type) else ""
+                for kw in node.keywords:  # an explicit status wins (a 408 raised as a 400)
+                    if kw.arg == "status" and isinstance(kw.value, ast.Constant):
+                        status = str(kw.value.value)
+                for kw in node.keywords:
+                    if kw.arg != "code":
+                        continue
+                    if isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                        add(kw.value.value, status, where)
+                    elif isinstance(kw.value, ast.JoinedStr):
+                        text = "".join(
+                            str(v.value)
+                            if isinstance(v, ast.Constant)
+                            else f"<{ast.unparse(v).split('.')[-1].strip('{}')}>"
+                            for v in kw.value.values
+                        )
+                        add(text, status, where)
+    for code in CODES.values():
+        add(code, "422", "services/common/app")
+    return found
+
+
+def error_codes_table() -> str:
+    rows = ["| `code` | status | raised in |", "| --- | --- | --- |"]
+    for code, entry in sorted(error_codes().items()):
+        status = ", ".join(sorted(s for s in entry["status"] if s)) or "(its error's)"
+        where = ", ".join(f"`{w}`" for w in sorted(entry["where"]))
+        rows.append(f"| `{code}` | {status} | {where} |")
+    return "\n".join(rows)
+
+
 def _setting(service: str, name: str) -> str:
     """``VAR`` (default) of one service setting, as a table cell."""
     cls = settings_class(service)
@@ -288,6 +351,8 @@ def _replace(match: re.Match[str]) -> str:
         return _literal_table("ErrorKind", "kind", retryable=True)
     if kind == "error-types":
         return _literal_table("ErrorType", "`type`", retryable=False)
+    if kind == "error-codes":
+        return error_codes_table()
     if kind == "components":
         return components_table()
     if kind == "params" and arg:
