@@ -48,10 +48,16 @@ def test_subclasses_cross_as_their_base_type() -> None:
 
         __hash__ = int.__hash__
 
-    back = wire_unpack(wire_pack([Yes(7), collections.Counter("aab")]))
-    assert back == [7, {"a": 2, "b": 1}]
+    class Mine(dict):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+    back = wire_unpack(wire_pack([Yes(7), Mine(a=2), collections.Counter("aab")]))
+    assert back == [7, {"a": 2}, {"a": 2, "b": 1}]
     assert type(back[0]) is int and type(back[1]) is dict
-    assert back[0] != 8  # the int's own ==, not the program's
+    assert back[0] != 8 and back[1] != {}  # the builtin's own ==, not the program's
+    assert type(back[2]) is collections.Counter  # its methods (most_common) are the tests'
+    assert back[2].most_common(1) == [("a", 2)]
 
 
 def test_iterators_cross_as_their_items_and_other_objects_as_references() -> None:
