@@ -20,7 +20,7 @@ from arbiter.services.gateway.recipes import RecipeBook
 from tests.services.gateway.conftest import EXPECTED_MATH, gsm8k_groups
 from tests.services.gateway.teams import Keys, post, start_gateway, team_total, usage
 from tests.services.sandbox.conftest import ENV, Sandbox, group, problems
-from tests.services.sandbox.test_hostile import CORPUS
+from tests.services.sandbox.test_containment import CORPUS
 
 ITEM_DEADLINE_S = float(ENV["SANDBOX_ITEM_TIMEOUT_S"])
 

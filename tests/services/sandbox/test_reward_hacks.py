@@ -1,4 +1,4 @@
-"""A hostile client's review of ``code_tests``: programs written to score tests they fail.
+"""Reward hacks against ``code_tests``: programs written to score tests they fail.
 
 Each case is a response sent to a real sandbox service (``conftest.sandbox``). The reward
 hacks a policy under RL finds first -- an object equal to everything, printing what the

@@ -1,7 +1,6 @@
-"""A second hostile client against one zygote, after the first review's fixes (a session,
-fresh mount, PID, IPC and network namespaces and a fresh /tmp per job, no capability, no
-SIGINT handler and a memory limit in PID 1, System V IPC and prlimit of another process
-refused).
+"""A program's failure stays its own: it never becomes a sandbox error, never reaches PID 1
+or the next job (ptys, /tmp, siblings, signals, output floods), and a grader's odd value is
+the grader's failure.
 
 One sandbox (``SANDBOX_WORKERS=1``, no spare) runs every job, so what a job leaves behind
 meets the next one. Each test checks that an attack is refused; the comment above a test

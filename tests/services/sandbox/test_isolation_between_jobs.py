@@ -1,9 +1,9 @@
-"""A hostile program against one zygote: what a job can do to the sandbox that runs the jobs
-after it, to the zygote itself, and to its own answer.
+"""Isolation between jobs: what a job can do to the sandbox that runs the jobs after it, to
+the zygote itself, and to its own answer.
 
 One sandbox (``SANDBOX_WORKERS=1``, no spare) runs every job, so a job that leaves
 something behind meets the next one. Each test checks that an attack is refused;
-the comment above a test says what the attack did before the sandbox was fixed against it.
+the comment above a test says what the attack is.
 """
 
 from __future__ import annotations

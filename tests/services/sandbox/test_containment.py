@@ -1,4 +1,4 @@
-"""The hostile corpus: programs that attack the sandbox, the service or their own tests.
+"""Containment: programs that attack the sandbox, the service or their own tests.
 
 Each case is a response run by a real sandbox service (``conftest.sandbox``: 2 s per test,
 6 s per response). The program's own failures fail the tests they hit and score what
