@@ -25,7 +25,14 @@ def candidate_main(code):
     """Child: run the program (a code object compiled by PID 1), say ``ready`` with what
     the checker needs to bind the tests' names as the program's would be (``program_names``),
     then answer."""
-    scope = {"__name__": CODE_NAME, "__builtins__": with_exit()}
+    # a module sys.modules holds, so that what looks the program's module up (pickle of
+    # its own classes, @dataclass, sys.modules[__name__]) finds its namespace
+    import types
+
+    module = types.ModuleType(CODE_NAME)
+    scope = module.__dict__
+    scope["__builtins__"] = with_exit()
+    sys.modules[CODE_NAME] = module
     try:
         exec(code, scope)
     except BaseException as exc:

@@ -245,21 +245,23 @@ HONEST_FORMATS = {
         "from collections import Counter\ndef f(s):\n    return Counter(s)\n",
         1.0,
     ),
-    # the program's module is not in sys.modules: @dataclass fails as the program loads
+    # @dataclass looks the program's module up in sys.modules as the program loads
     "a dataclass inside the program": Case(
         "assert f(1) == 2\n",
         "from dataclasses import dataclass\n@dataclass\nclass P:\n    x: int\n"
         "def f(v):\n    return P(v).x + 1\n",
         1.0,
-        bug="0.0: 'the program raised AttributeError: 'NoneType' object has no attribute "
-        "'__dict__' before the tests ran' (candidate.py runs it as __arbiter_program__, "
-        "a module sys.modules does not hold)",
     ),
     "the program pickles its own object": Case(
         "assert f(1) == 2\n",
         "import pickle\nclass Q:\n    pass\ndef f(v):\n    pickle.dumps(Q())\n    return v + 1\n",
         1.0,
-        bug="0.0: PicklingError: import of module '__arbiter_program__' failed",
+    ),
+    "the program finds itself in sys.modules": Case(
+        "assert f(1) == 2\n",
+        "import sys\ndef g(v):\n    return v + 1\n"
+        "def f(v):\n    return sys.modules[__name__].g(v)\n",
+        1.0,
     ),
     "dataclass equality": Case(
         "assert f(1) == Point(1, 2)\n",
