@@ -151,6 +151,7 @@ class ArbiterReward:
     def client(self) -> ArbiterClient:
         if self._client is None:
             self._client = ArbiterClient(self.base_url, api_key=self.api_key)
+            log.info("%s: rewards from the gateway at %s", self.__name__, self._client.base_url)
         return self._client
 
     def _recipe(self) -> RecipeArg | None:

@@ -103,6 +103,7 @@ class Settings:
             key = (self.base_url, self.api_key)
             if key not in _CLIENTS:
                 _CLIENTS[key] = ArbiterClient(self.base_url, api_key=self.api_key)
+                log.info("verl rewards from the gateway at %s", _CLIENTS[key].base_url)
             return _CLIENTS[key]
 
 

@@ -280,3 +280,17 @@ def test_grpo_trainer_on_two_ranks_scores_whole_groups(
         # A half-group of two gives both members the same diversity: no signal. Whole
         # groups of four give each its own.
         assert a["values"][0] != pytest.approx(a["values"][1], abs=1e-6)
+
+
+def test_the_adapters_log_the_gateway_they_use(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from arbiter.integrations import verl
+
+    monkeypatch.setenv("ARBITER_URL", "http://127.0.0.1:28000")
+    with caplog.at_level(logging.INFO, logger="arbiter.integrations"):
+        assert ArbiterReward(component="format").client.base_url == "http://127.0.0.1:28000"
+        verl.Settings.from_kwargs({"recipe": "gsm8k"}).client()
+    said = [r.getMessage() for r in caplog.records]
+    assert "format: rewards from the gateway at http://127.0.0.1:28000" in said, said
+    assert "verl rewards from the gateway at http://127.0.0.1:28000" in said, said
