@@ -14,7 +14,8 @@ its clock; the process keeps its state from test to test, as the tests expect (a
 made in setup, used by the asserts after). When it ends (a crash, its CPU time, an exit),
 PID 1 writes why on its answers' pipe (``("D", reason)``): the running test fails so, and
 PID 1 goes on after it with a new checker and a new process. A test that made no call to
-the program since the previous test is no test (``U``): it checks nothing of the program.
+the program while it ran and reads no value of the program's (``programs._tainted``: a
+name set from a call of it in the setup) is no test (``U``): it checks nothing of it.
 
 To PID 1, on the control socket, one line each: ``S i`` (test i begins), ``P i``, ``F i
 reason``, ``U i``; ``N`` (the program's process: PID 1 answers with its two pipe ends),
@@ -338,11 +339,14 @@ def checker_main(ctl_fd, secret_fd, secret_at, start, stop_on_fail):
     secret = marshal.loads(data)  # the service's own bytes
     LINK = link = Link(ctl)
     failed = [False]
+    depends = [False]  # the running test reads a value of the program's (programs._tainted)
 
-    def begin(i):
+    def begin(i, dep=False):
         if i < start or (stop_on_fail and failed[0]):
             return False
         link.say(f"S {i}")
+        link.calls = 0  # a call in the setup before it is not this test's
+        depends[0] = dep is True
         return True
 
     def end(i, line):
@@ -350,10 +354,10 @@ def checker_main(ctl_fd, secret_fd, secret_at, start, stop_on_fail):
         link.calls = 0
 
     def passed(i):
-        end(i, f"P {i}" if link.calls else f"U {i}")
+        end(i, f"P {i}" if link.calls or depends[0] else f"U {i}")
 
     def fail(i, exc):
-        if not link.calls and not isinstance(exc, ProgramFailed):
+        if not (link.calls or depends[0] or isinstance(exc, ProgramFailed)):
             end(i, f"U {i}")  # an assert on the tests' own values: not the program's doing
             return
         failed[0] = True

@@ -14,6 +14,7 @@ test becomes a unit the harness can number, skip and report on (``harness.py``).
 from __future__ import annotations
 
 import ast
+import builtins
 import json
 import re
 from dataclasses import dataclass, replace
@@ -142,6 +143,10 @@ def _prepare(tree: ast.Module, entry: str | None, max_tests: int) -> TestPlan:
     )
     counter = _Counter()
     names = set(_free_names(tree))  # the tests' own, before the harness's wrapping
+    sources = {n for n in names if not hasattr(builtins, n)} | ({entry} if entry else set())
+    if check is not None:
+        sources |= {a.arg for a in check.args.args}  # ``candidate``
+    counter.tainted = _tainted(tree, sources)
     if check is not None:
         if entry is None:
             raise ReferenceError_(
@@ -197,6 +202,64 @@ def _free_names(tree: ast.Module) -> tuple[str, ...]:
 
 class _Counter:
     n = 0
+    tainted: frozenset[str] = frozenset()  # the names whose values come from the program
+
+
+def _reads(node: ast.AST, names: frozenset[str] | set[str]) -> bool:
+    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
+
+
+def _tainted(tree: ast.Module, sources: set[str]) -> frozenset[str]:
+    """The names whose values may come from the program (static, flow-insensitive): the
+    program's own (``sources``), and a name bound from an expression that reads one, or
+    handed to a call or a method in a statement that does (``sort(xs)``, ``xs.append(f(1))``:
+    it may be changed there). An assert that reads none of them and made no call of its own
+    checks only the tests' values (``y = 2; assert y == 2``)."""
+    tainted = set(sources)
+    statements = [n for n in ast.walk(tree) if isinstance(n, ast.stmt)][:20_000]
+    for _ in range(100):  # each pass adds a name, or it is done
+        before = len(tainted)
+        for st in statements:
+            _taint_step(st, tainted)
+        if len(tainted) == before:
+            break
+    return frozenset(tainted)
+
+
+def _taint_step(st: ast.stmt, tainted: set[str]) -> None:
+    if isinstance(st, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        if _reads(st, tainted):  # calling it may call the program
+            tainted.add(st.name)
+        return
+    if isinstance(st, ast.For | ast.AsyncFor):
+        heads: list[ast.AST] = [st.iter]
+        touched: list[ast.AST] = [st.target]
+    elif isinstance(st, ast.With | ast.AsyncWith):
+        heads = touched = list(st.items)
+    elif isinstance(st, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Expr):
+        heads = touched = [st]
+    else:
+        return
+    if not any(_reads(h, tainted) for h in heads):
+        return
+    for node in touched:
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store | ast.Del):
+                tainted.add(n.id)
+            elif isinstance(n, ast.Call):
+                roots = [a for a in n.args if isinstance(a, ast.Name)]
+                func = n.func
+                while isinstance(func, ast.Attribute | ast.Subscript):
+                    func = func.value
+                    if isinstance(func, ast.Name):
+                        roots.append(func)
+                tainted.update(r.id for r in roots)
+            elif isinstance(n, ast.Attribute | ast.Subscript) and isinstance(n.ctx, ast.Store):
+                root = n.value
+                while isinstance(root, ast.Attribute | ast.Subscript):
+                    root = root.value
+                if isinstance(root, ast.Name):
+                    tainted.add(root.id)
 
 
 def _has_assert(node: ast.stmt) -> bool:
@@ -230,8 +293,11 @@ def _checks_nothing(stmt: ast.stmt) -> bool:
 
 
 def _wrap(stmt: ast.stmt, counter: _Counter) -> ast.stmt:
-    """``if begin(i): try: <stmt> except BaseException as e: fail(i, e) else: pass(i)``."""
+    """``if begin(i, dep): try: <stmt> except BaseException as e: fail(i, e) else:
+    pass(i)``; ``dep``: the statement reads a name whose value comes from the program, so
+    it counts even when it makes no call itself."""
     i = counter.n
+    dep = _reads(stmt, counter.tainted)
     counter.n += 1
 
     def hook(name: str, *args: ast.expr) -> ast.Expr:
@@ -245,5 +311,6 @@ def _wrap(stmt: ast.stmt, counter: _Counter) -> ast.stmt:
     guarded = ast.Try(
         body=[stmt], handlers=[handler], orelse=[hook("__arbiter_pass__")], finalbody=[]
     )
-    begin = ast.Call(ast.Name("__arbiter_begin__", ast.Load()), [ast.Constant(i)], [])
+    args: list[ast.expr] = [ast.Constant(i), ast.Constant(dep)]
+    begin = ast.Call(ast.Name("__arbiter_begin__", ast.Load()), args, [])
     return ast.If(test=begin, body=[guarded], orelse=[])

@@ -18,7 +18,7 @@ def test_assert_statements_are_one_test_each_setup_runs_where_it_stands() -> Non
         100,
     )
     assert plan.kind == "tests" and plan.n_tests == 2
-    assert "__arbiter_begin__(0)" in plan.code and "__arbiter_begin__(1)" in plan.code
+    assert "__arbiter_begin__(0, True)" in plan.code and "__arbiter_begin__(1, True)" in plan.code
     assert plan.code.startswith("import math\nx = 2\n")
 
 
@@ -102,3 +102,27 @@ def test_the_names_the_tests_use_and_do_not_define_are_the_programs() -> None:
     )
     assert plan.names == ("h", "sum")  # a builtin: the checker keeps it unless the program's
     assert plan.job()["secret"]["names"] == ["h", "sum"] and "tests" not in plan.job()
+
+
+def test_an_assert_depends_on_the_program_when_it_reads_a_value_got_from_it() -> None:
+    tests = (
+        "f(1)\ny = 2\nassert y == 2\n"  # the tests' own value: counts only if it calls f
+        "r = f(3)\nassert r == 4\n"  # set from a call of the program
+        "xs = []\nxs.append(f(1))\nassert xs == [2]\n"  # changed with a value of it
+        "zs = [1]\nsort_it(zs)\nassert zs == [1]\n"  # handed to the program
+        "assert f(1) == 2\n"
+    )
+    plan = parse_reference(tests, "", None, 100)
+    assert "__arbiter_begin__(0, False)" in plan.code
+    for i in range(1, 5):
+        assert f"__arbiter_begin__({i}, True)" in plan.code
+
+
+def test_humaneval_setup_from_candidate_counts_for_the_asserts_after_it() -> None:
+    tests = (
+        "def check(candidate):\n    out = candidate(2)\n    assert out == 4\n"
+        "    assert 2 == 2 + 0 * len([])\n"
+    )
+    plan = parse_reference(tests, "", "double", 100)
+    assert "__arbiter_begin__(0, True)" in plan.code
+    assert "__arbiter_begin__(1, False)" in plan.code
