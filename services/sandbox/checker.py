@@ -14,8 +14,7 @@ its clock; the process keeps its state from test to test, as the tests expect (a
 made in setup, used by the asserts after). When it ends (a crash, its CPU time, an exit),
 PID 1 writes why on its answers' pipe (``("D", reason)``): the running test fails so, and
 PID 1 goes on after it with a new checker and a new process. A test that made no call to
-the program while it ran and reads no value of the program's (``programs._tainted``: a
-name set from a call of it in the setup) is no test (``U``): it checks nothing of it.
+the program and reads no value of its (``programs._tainted``) is no test (``U``).
 
 To PID 1, on the control socket, one line each: ``S i`` (test i begins), ``P i``, ``F i
 reason``, ``U i``; ``N`` (the program's process: PID 1 answers with its two pipe ends),
@@ -114,7 +113,7 @@ class Link:
         except OSError:
             pass  # it is gone: the answer's end says so
         try:
-            reply = wire_recv(self.fds[1], self.make_ref)
+            reply = recv_answer(self.fds[1], self.make_ref)
         except (EOFError, OSError):
             self.gone = f"{self.why()} during the test"
             self.close()
@@ -156,6 +155,23 @@ class Link:
 
 
 LINK: Link | None = None
+DECODE_CPU_S = 5.0  # the checker's CPU to read one answer of the program's
+
+
+def recv_answer(fd, make_ref):
+    """The program's answer, read within ``DECODE_CPU_S`` of our CPU: reading what the
+    program sent is its doing, so past that the test fails (``WireError``)."""
+
+    def over(signum, frame):
+        raise WireError(f"reading it took more than {DECODE_CPU_S:g}s of CPU")
+
+    old = signal.signal(signal.SIGPROF, over)
+    signal.setitimer(signal.ITIMER_PROF, DECODE_CPU_S)
+    try:
+        return wire_recv(fd, make_ref)
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, old)
 
 
 class Remote:

@@ -24,6 +24,9 @@ import sys
 WIRE_MAX = 8 << 20  # bytes in one frame
 WIRE_DEPTH = 100  # nesting of containers
 WIRE_ITEMS = 100_000  # items taken from an iterator
+WIRE_COLLIDING = 4_000_000  # sum over hash values of (keys with it)²: a set's building work
+WIRE_FRACTION_BITS = 100_000  # a Fraction's numerator or denominator (gcd is quadratic)
+_WIRE_TUPLES: dict = {}  # namedtuple classes by (name, fields): one per kind, not per value
 _WIRE_F = _wire_struct.Struct("<d")
 
 
@@ -187,14 +190,17 @@ def _wire_get(data, pos, ref, depth):
             nums.append(int.from_bytes(raw, "little", signed=True))
         if tag == b"R":
             return range(*nums), pos
+        if max(n.bit_length() for n in nums) > WIRE_FRACTION_BITS:
+            raise WireError(f"a Fraction of more than {WIRE_FRACTION_BITS} bits")
         import fractions
 
         return fractions.Fraction(*nums), pos
     if tag == b"P":
         (name, fields, items), pos = _wire_get(data, pos, ref, depth + 1)
-        import collections
-
-        return collections.namedtuple(str(name), [str(f) for f in fields], rename=True)(*items), pos
+        key = (str(name), tuple(str(f) for f in fields))
+        if key not in _WIRE_TUPLES and len(_WIRE_TUPLES) < 1000:
+            _WIRE_TUPLES[key] = _wire_tuple_class(*key)
+        return (_WIRE_TUPLES.get(key) or _wire_tuple_class(*key))(*items), pos
     if tag in (b"l", b"t", b"S", b"Z", b"g", b"d", b"O", b"C"):
         n = int.from_bytes(data[pos : pos + 4], "big")
         pos += 4
@@ -204,6 +210,8 @@ def _wire_get(data, pos, ref, depth):
         for _ in range(2 * n if tag in (b"d", b"O", b"C") else n):
             item, pos = _wire_get(data, pos, ref, depth + 1)
             items.append(item)
+        if tag in (b"S", b"Z", b"d", b"O", b"C"):
+            _wire_spread(items if tag in (b"S", b"Z") else items[::2])
         if tag in (b"d", b"O", b"C"):
             pairs = zip(items[::2], items[1::2], strict=True)
             if tag != b"d":
@@ -215,6 +223,24 @@ def _wire_get(data, pos, ref, depth):
         kinds: dict = {b"l": list, b"t": tuple, b"S": set, b"Z": frozenset, b"g": iter}
         return kinds[tag](items), pos
     raise WireError("not a value (unknown tag)")
+
+
+def _wire_tuple_class(name, fields):
+    import collections
+
+    return collections.namedtuple(name, fields, rename=True)
+
+
+def _wire_spread(keys):
+    """Keys whose hashes are spread enough for a set or dict to be built in linear time:
+    distinct keys of one hash (ints ``i * (2**61 - 1)`` all hash to 0) make it quadratic."""
+    if len(keys) < 2000:
+        return
+    import collections
+
+    counts = collections.Counter(map(hash, keys))  # hash values hash to themselves: linear
+    if sum(c * c for c in counts.values()) > WIRE_COLLIDING:
+        raise WireError("its keys share too few hash values to be built in time")
 
 
 def wire_send(fd, value, other=None):

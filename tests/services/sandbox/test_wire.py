@@ -94,3 +94,26 @@ def test_nesting_is_bounded_both_ways() -> None:
         wire_pack(deep)
     with pytest.raises(WireError):
         wire_unpack(b"l\x00\x00\x00\x01" * (WIRE_DEPTH + 5) + b"N")
+
+
+def test_keys_of_one_hash_are_refused_before_a_quadratic_build() -> None:
+    colliding = [i * ((1 << 61) - 1) for i in range(1, 5000)]  # every one hashes to 0
+    for value in (set(colliding), frozenset(colliding), dict.fromkeys(colliding, 0)):
+        with pytest.raises(WireError, match="hash values"):
+            wire_unpack(wire_pack(value))
+    spread = set(range(100_000))
+    assert wire_unpack(wire_pack(spread)) == spread
+
+
+def test_a_fraction_too_large_to_normalise_is_refused() -> None:
+    assert wire_unpack(wire_pack(Fraction(3, 1 << 1000))) == Fraction(3, 1 << 1000)
+    huge = Fraction((1 << 200_000) + 1, 3)
+    with pytest.raises(WireError, match="Fraction"):
+        wire_unpack(wire_pack(huge))
+
+
+def test_many_namedtuples_of_one_kind_share_one_class() -> None:
+    point = collections.namedtuple("Point", "x y")
+    got = wire_unpack(wire_pack([point(i, i) for i in range(3)]))
+    assert got == [(0, 0), (1, 1), (2, 2)] and got[0].x == 0
+    assert len({type(p) for p in got}) == 1
