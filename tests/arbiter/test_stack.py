@@ -71,7 +71,7 @@ def test_up_stops_every_child_on_sigterm(tmp_path: Path, gsm8k_dir: Path) -> Non
             break
     assert any("Arbiter is up" in line for line in lines), "".join(lines)
     live = [p for i, p in enumerate(ports) if i != 2 and _listening(p)]
-    assert len(live) == 4  # gateway, verify, redis, sandbox (embedding not started)
+    assert len(live) == 5  # gateway, verify, redis, sandbox, state redis (no embedding)
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     time.sleep(0.5)
