@@ -224,14 +224,14 @@ def f():
 
 def test_the_program_holds_no_descriptor_of_its_runner_or_the_zygote(url: str) -> None:
     # fd 1 of the job's PID 1 is the zygote's stdout (the answers' pipe): the program's fds
-    # are its own stdin and four pipes of its own (stdout, stderr, its answers to the
-    # checker, the checker's requests), nothing else
+    # are its own stdin, its stdout (/dev/null: what it prints is dropped) and three pipes
+    # of its own (stderr, its answers to the checker, the checker's requests), nothing else
     program = (
         "import os, stat\ndef f():\n    out = []\n    for fd in range(4096):\n"
         "        try:\n            out.append((fd, stat.S_ISFIFO(os.fstat(fd).st_mode)))\n"
         "        except OSError:\n            pass\n    return out\n"
     )
-    want = [(0, False), (1, True), (2, True), (3, True), (4, True)]
+    want = [(0, False), (1, False), (2, True), (3, True), (4, True)]
     body = _score(url, f"r = f()\nassert r == {want!r}, r\n", program)
     assert body["scores"] == [1.0], body["info"]
 
