@@ -2,10 +2,10 @@
 
 A response-level entry is the score itself (``repr(float)``), or ``{"s": score, "i": notes}``
 with the response's share of the group's info (``merge.join_notes`` puts it back); a
-group-level entry is ``{"s": scores, "i": info}`` for the whole ordered group. An entry that cannot be read, or a
-group entry of the wrong length, counts as a miss. ``pending`` holds this process's writes
-that the background store has not yet handed to Redis, so a request always sees the scores
-of the one just answered.
+group-level entry is ``{"s": scores, "i": info}`` for the whole ordered group. An entry
+that cannot be read, or a group entry of the wrong length, counts as a miss. ``pending``
+holds this process's writes that the background store has not yet handed to Redis, so a
+request always sees the scores of the one just answered.
 """
 
 from __future__ import annotations
