@@ -288,9 +288,13 @@ def test_the_adapters_log_the_gateway_they_use(
     from arbiter.integrations import verl
 
     monkeypatch.setenv("ARBITER_URL", "http://127.0.0.1:28000")
+    kept = verl._CLIENTS.pop((None, None), None)  # the module keeps clients by (url, key)
     with caplog.at_level(logging.INFO, logger="arbiter.integrations"):
         assert ArbiterReward(component="format").client.base_url == "http://127.0.0.1:28000"
         verl.Settings.from_kwargs({"recipe": "gsm8k"}).client()
+    verl._CLIENTS.pop((None, None), None)  # not this test's client for the tests after it
+    if kept is not None:
+        verl._CLIENTS[(None, None)] = kept
     said = [r.getMessage() for r in caplog.records]
     assert "format: rewards from the gateway at http://127.0.0.1:28000" in said, said
     assert "verl rewards from the gateway at http://127.0.0.1:28000" in said, said

@@ -44,7 +44,15 @@ async def test_cache_hits_are_counted(gateway_url: str, gsm8k_dir: Path) -> None
     again = (await score(gateway_url, {"recipe": "gsm8k", "groups": groups})).json()
     assert first["usage"]["cache_hits"] == 0
     assert again["usage"]["cache_hits"] == 12 and again["usage"]["cache_misses"] == 0
-    assert again["groups"] == [{**g, "info": {}} for g in first["groups"]]
+    assert [{**g, "info": {}} for g in again["groups"]] == [
+        {**g, "info": {}} for g in first["groups"]
+    ]
+    # the reasons survive the cache: each response's extracted answer comes back with it
+    answers = [
+        g["info"]["math_accuracy"]["answers"] for g in (first["groups"][0], again["groups"][0])
+    ]
+    # (the first answer lists what verify was sent, duplicates once; the cached one every response)
+    assert len(answers[1]) == len(groups[0]["responses"]) and set(answers[1]) == set(answers[0])
 
 
 async def test_inline_recipe_with_params(gateway_url: str, gsm8k_dir: Path) -> None:
