@@ -1,9 +1,11 @@
 #!/bin/bash
-# One device call (one H100/H200, at most 10 minutes): re-checks every GPU headline with the
-# trainer's default settings -- the learning benchmark (300 GRPO steps; held-out accuracy must
-# rise), tool use learned with the calculator environment and the diversity reward beside it,
-# the Qwen2.5-1.5B speed benchmark against TRL 1.16 (shortened), the embedding service on the GPU -- and prints one table against the figures
-# recorded for the card (bench/results/regress_<card>.json). Exit 1 on a crash or a regression
+# One device call (one H100/H200, at most 10 minutes; about 5 on a 2-GPU kind, which runs the
+# timed parts on the second GPU): re-checks every GPU headline with the trainer's default
+# settings -- the learning benchmark (300 GRPO steps; held-out accuracy must rise), tool use
+# learned with the calculator environment and the diversity reward beside it, the
+# Qwen2.5-1.5B speed benchmark against TRL 1.16 (shortened), the embedding service on the GPU
+# -- and prints one table against the figures recorded for the card
+# (bench/results/regress_<card>.json). Exit 1 on a crash or a regression
 # larger than the measured run-to-run spread (bench/device/regress.py, CHECKS, says each allowance).
 #   bash bench/device/prepare_carry.sh      # once, here: wheels, GSM8K, MiniLM
 #   device call: carry [".carry/trainer", ".carry/embedding/minilm-fp16"],
