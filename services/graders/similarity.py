@@ -1,0 +1,60 @@
+"""``string_check`` and ``text_similarity``'s metrics (all but ``cosine``, which needs the
+embedding service): pure functions of two strings, each a score from 0 to 1, from the
+libraries OpenAI's graders use or the field's standard ones.
+
+- ``fuzzy_match``: ``rapidfuzz.fuzz.ratio`` / 100 (the normalised Indel similarity).
+- ``bleu``: ``nltk``'s sentence BLEU (4-grams, equal weights) with Chen and Cherry's
+  smoothing method 1, so a short answer missing a 4-gram is not 0 outright; ``gleu``:
+  ``nltk``'s sentence GLEU. Both tokenise with ``nltk``'s ``wordpunct_tokenize`` (a regular
+  expression; punkt's data is not shipped).
+- ``rouge_1`` … ``rouge_5``, ``rouge_l``: ``rouge-score``'s F-measure (its own tokeniser:
+  lower case, ASCII letters and digits).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from nltk.tokenize import wordpunct_tokenize
+from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+from nltk.translate.gleu_score import sentence_gleu
+from rapidfuzz import fuzz
+from rouge_score import rouge_scorer
+
+_SMOOTH = SmoothingFunction().method1
+ROUGE = {f"rouge_{n}": f"rouge{n}" for n in (1, 2, 3, 4, 5)} | {"rouge_l": "rougeL"}
+
+
+def string_check(operation: str, text: str, reference: str) -> float:
+    if operation == "eq":
+        return float(text == reference)
+    if operation == "ne":
+        return float(text != reference)
+    if operation == "like":
+        return float(reference in text)
+    if operation == "ilike":
+        return float(reference.casefold() in text.casefold())
+    raise ValueError(f"unknown operation {operation!r}")
+
+
+@cache
+def _rouge(kind: str) -> Any:
+    return rouge_scorer.RougeScorer([kind])
+
+
+def similarity(metric: str, text: str, reference: str) -> float:
+    """``text`` against ``reference`` by ``metric`` (not ``cosine``), in [0, 1]."""
+    if metric == "fuzzy_match":
+        return float(fuzz.ratio(text, reference)) / 100.0
+    if metric in ("bleu", "gleu"):
+        hyp, ref = wordpunct_tokenize(text), wordpunct_tokenize(reference)
+        if not hyp or not ref:
+            return float(hyp == ref)
+        if metric == "bleu":
+            return float(sentence_bleu([ref], hyp, smoothing_function=_SMOOTH))
+        return float(sentence_gleu([ref], hyp))
+    if metric in ROUGE:
+        kind = ROUGE[metric]
+        return float(_rouge(kind).score(reference, text)[kind].fmeasure)
+    raise ValueError(f"{metric!r} is not a local metric")

@@ -1,0 +1,89 @@
+"""A grader's JSON, checked once (a recipe's load, a request's admission): the model
+(``arbiter.proto.graders``), every template's variables, ``calculate_output``. Every
+refusal is a 422 naming the field as the caller wrote it (``grader.evaluation_metric``,
+``grader.graders.name_check.input``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
+
+from arbiter.errors import Unprocessable
+from arbiter.proto.graders import Grader, LabelModelGrader, MultiGrader, ScoreModelGrader
+from arbiter.services.graders import expression, templating
+from arbiter.services.graders.engine import AnyGrader, content_text
+
+GRADER: TypeAdapter[AnyGrader] = TypeAdapter(Grader)
+
+
+def _path(raw: Any, loc: tuple[int | str, ...]) -> list[str]:
+    """``loc`` as the caller's path: pydantic's union tags (``text_similarity``) dropped."""
+    out: list[str] = []
+    node = raw
+    for step in loc:
+        if isinstance(node, dict) and step not in node and node.get("type") == step:
+            continue  # the discriminated union's tag, not a key of the caller's
+        out.append(str(step))
+        if isinstance(node, dict):
+            node = node.get(step)
+        elif isinstance(node, list) and isinstance(step, int) and step < len(node):
+            node = node[step]
+        else:
+            node = None
+    return out
+
+
+def load(raw: Any, where: str = "grader") -> AnyGrader:
+    """The grader ``raw`` describes; Unprocessable naming the field otherwise."""
+    try:
+        grader = GRADER.validate_python(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join([where, *_path(raw, err["loc"])])
+        message = err["msg"].removeprefix("Value error, ")
+        raise Unprocessable(f"{param}: {message}", param=param, code="invalid_grader") from None
+    check(grader, where)
+    return grader
+
+
+def _template(template: str, param: str) -> None:
+    try:
+        templating.check(template)
+    except templating.TemplateError as exc:
+        raise Unprocessable(f"{param}: {exc}", param=param, code="invalid_variable") from None
+
+
+def check(grader: AnyGrader, where: str) -> None:
+    """Templates and formula: what the model alone does not check."""
+    if isinstance(grader, MultiGrader):
+        named = grader.named()
+        try:
+            expression.parse(grader.calculate_output, frozenset(named))
+        except expression.FormulaError as exc:
+            param = f"{where}.calculate_output"
+            raise Unprocessable(f"{param}: {exc}", param=param, code="invalid_formula") from None
+        dict_form = isinstance(grader.graders, dict)
+        for key, sub in named.items():
+            check(sub, f"{where}.graders.{key}" if dict_form else f"{where}.graders")
+    elif isinstance(grader, ScoreModelGrader | LabelModelGrader):
+        for i, message in enumerate(grader.input):
+            _template(content_text(message.content), f"{where}.input.{i}.content")
+    elif hasattr(grader, "reference"):
+        _template(grader.input, f"{where}.input")
+        _template(grader.reference, f"{where}.reference")
+
+
+def uses(grader: AnyGrader) -> set[str]:
+    """The services grading needs: ``embedding``, ``sandbox``, ``judge`` (none: pure)."""
+    if isinstance(grader, MultiGrader):
+        return set().union(*(uses(g) for g in grader.named().values()))
+    kind = grader.type
+    if kind == "python":
+        return {"sandbox"}
+    if kind in ("score_model", "label_model"):
+        return {"judge"}
+    if kind == "text_similarity" and getattr(grader, "evaluation_metric", "") == "cosine":
+        return {"embedding"}
+    return set()
