@@ -26,6 +26,12 @@ class RecipeComponent(ArbiterModel):
         description="Finite and bounded, so a weighted sum of component scores is finite.",
     )
     params: JsonObject = Field(default_factory=dict)
+    grader: JsonObject | None = Field(
+        default=None,
+        description="An OpenAI grader's JSON (string_check, text_similarity, python, "
+        "score_model, label_model, multi; docs/services/graders.md): the component is that "
+        "grader, `name` is its name in the answer and `params` must be empty.",
+    )
 
 
 CacheScope = Literal["team", "shared"]

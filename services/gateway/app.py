@@ -18,6 +18,7 @@ from arbiter.services.common.app import (
     field_path,
     validation_response,
 )
+from arbiter.services.gateway import grader_api
 from arbiter.services.gateway.auth import AuthMiddleware, KeyStore
 from arbiter.services.gateway.cache import Cache, LRUCache, NullCache, RedisCache
 from arbiter.services.gateway.collector import GroupCollector
@@ -147,4 +148,4 @@ def _first_error(errors: list[dict[str, Any]]) -> tuple[str, str]:
 
 async def _validation_handler(_: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return validation_response(exc, pick=_first_error)
+    return validation_response(grader_api.untagged(exc), pick=_first_error)

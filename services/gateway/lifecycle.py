@@ -46,6 +46,7 @@ from arbiter.proto.components import ScoreGroup
 from arbiter.proto.gateway import Recipe
 from arbiter.services.common.responses import JSONBody
 from arbiter.services.gateway.fanout import missing_text
+from arbiter.services.gateway.grading import needed
 from arbiter.services.gateway.idempotency import REPLAYED, Claim, Replay, check_key
 from arbiter.services.gateway.merge import failure_error
 from arbiter.services.gateway.recipes import RecipeBook, ResolvedRecipe
@@ -153,7 +154,7 @@ class Lifecycle:
     def unavailable(self, recipe: ResolvedRecipe) -> str | None:
         """Why this gateway cannot serve ``recipe`` (a component's service has no URL), or
         None. The refusal's message and ``GET /v1/recipes``' ``reason`` alike."""
-        missing = self.scorer.client.missing(c.spec for c in recipe.components)
+        missing = self.scorer.client.missing(needed(recipe))
         if not missing:
             return None
         name = repr(recipe.ref.name) if recipe.named else "(inline)"
@@ -165,7 +166,7 @@ class Lifecycle:
     async def _take(self, who: Principal, recipe: ResolvedRecipe, n: int, param: str) -> int:
         if self.teams.quota is None:
             return 0
-        uses_judge = any(c.spec.service == "judge" for c in recipe.components)
+        uses_judge = any(spec.service == "judge" for spec in needed(recipe))
         try:
             return await self.teams.quota.take(who, n, uses_judge, param)
         except RateLimited:

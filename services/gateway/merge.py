@@ -51,10 +51,11 @@ def merge(comps: list[ComponentScores], calls: list[Call], results: list[CallRes
             for item in call.items:
                 comp.fail(item, result.kind, result.message)
             continue
-        if comp.bound.spec.service == "judge":  # embedding reports tokens too; not billed
+        service = comp.bound.spec.service
+        if service in ("judge", "graders"):  # embedding reports tokens too; not billed
             out.prompt_tokens += result.usage.prompt_tokens
             out.completion_tokens += result.usage.completion_tokens
-        elif comp.bound.spec.service == "sandbox":
+        if service in ("sandbox", "graders"):  # a grader's: its python graders' CPU
             out.cpu_ms += result.usage.cpu_ms
         _merge_one(comp, call.items, result, out.writes)
     return out

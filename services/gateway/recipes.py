@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from arbiter.errors import Unprocessable
 from arbiter.proto.common import ArbiterModel
-from arbiter.proto.components import Granularity
+from arbiter.proto.components import Granularity, NoParams
 from arbiter.proto.embedding import DiversityParams
 from arbiter.proto.gateway import Recipe, RecipeComponent, RecipeRef
 from arbiter.proto.judge import QualityParams, VerifierParams
@@ -114,8 +114,15 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+def _canonical(c: RecipeComponent) -> dict[str, Any]:
+    body = {"name": c.name, "weight": c.weight, "params": c.params}
+    if c.grader is not None:  # only then: every other recipe keeps its fingerprint
+        body["grader"] = c.grader
+    return body
+
+
 def fingerprint(components: list[RecipeComponent]) -> str:
-    body = [{"name": c.name, "weight": c.weight, "params": c.params} for c in components]
+    body = [_canonical(c) for c in components]
     digest = hashlib.sha256(canonical_json({"components": body}).encode()).hexdigest()
     return f"sha256:{digest}"
 
@@ -159,13 +166,35 @@ def check_params(spec: ComponentSpec, params: dict[str, Any], where: str) -> Non
         raise Unprocessable(f"{param}: {err['msg']}", param=param, code="invalid_params") from None
 
 
+def grader_component(comp: RecipeComponent, at: str) -> ComponentSpec:
+    """The spec of a grader component (graded by the gateway itself, ``grading.py``);
+    422 naming the field for a bad grader, a name a built-in component has, or params."""
+    from arbiter.services.graders.spec import load  # the graders' deps load with them
+
+    if comp.name in COMPONENTS:
+        raise Unprocessable(
+            f"{at}.name: {comp.name!r} is a built-in component; name the grader otherwise",
+            param=f"{at}.name",
+            code="invalid_grader",
+        )
+    if comp.params:
+        raise Unprocessable(
+            f"{at}.params: a grader component takes no params (its JSON is `grader`)",
+            param=f"{at}.params",
+            code="invalid_grader",
+        )
+    load(comp.grader, f"{at}.grader")
+    return ComponentSpec(comp.name, "graders", "", "response", NoParams)
+
+
 def resolve(recipe: Recipe, where: str = "recipe") -> ResolvedRecipe:
     """Check a recipe against the registry; raise 422 naming the offending field."""
     bound: list[BoundComponent] = []
     seen: set[str] = set()
     for i, comp in enumerate(recipe.components):
         at = f"{where}.components.{i}"
-        spec = COMPONENTS.get(comp.name)
+        graded = comp.grader is not None
+        spec = grader_component(comp, at) if graded else COMPONENTS.get(comp.name)
         if spec is None:
             raise Unprocessable(
                 f"{at}.name: unknown component {echo(comp.name)}; known: {', '.join(COMPONENTS)}",
@@ -179,8 +208,12 @@ def resolve(recipe: Recipe, where: str = "recipe") -> ResolvedRecipe:
                 code="duplicate_component",
             )
         seen.add(comp.name)
-        check_params(spec, comp.params, f"{at}.params")
-        bound.append(BoundComponent(spec, comp.weight, comp.params, canonical_json(comp.params)))
+        if comp.grader is not None:
+            params = comp.grader  # the grader's JSON is the component's params
+        else:
+            check_params(spec, comp.params, f"{at}.params")
+            params = comp.params
+        bound.append(BoundComponent(spec, comp.weight, params, canonical_json(params)))
     ref = RecipeRef(
         name=recipe.name,
         fingerprint=fingerprint(recipe.components),

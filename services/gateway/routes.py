@@ -16,8 +16,15 @@ from arbiter.errors import Unprocessable
 from arbiter.keys import Principal
 from arbiter.proto.errors import ErrorResponse
 from arbiter.proto.gateway import RecipeInfo, RecipeList, ScoreRequest, ScoreResponse
+from arbiter.proto.graders import (
+    GraderRunRequest,
+    GraderRunResponse,
+    GraderValidateRequest,
+    GraderValidateResponse,
+)
 from arbiter.proto.usage import UsageReport
 from arbiter.services.common.responses import JSONBody
+from arbiter.services.gateway import grader_api
 from arbiter.services.gateway.auth import principal
 from arbiter.services.gateway.fanout import not_configured
 from arbiter.services.gateway.idempotency import HEADER
@@ -110,3 +117,23 @@ async def usage(
         raise Unprocessable("to: is before from", param="to", code="invalid_range")
     report = await lifecycle.teams.usage(who, start, end, team)
     return JSONBody(report)
+
+
+@router.post(
+    "/v1/fine_tuning/alpha/graders/run",
+    response_model=GraderRunResponse,
+    tags=["graders"],
+    summary="OpenAI's graders API: grade one model sample with a grader",
+)
+async def run_grader(body: GraderRunRequest, lifecycle: LifecycleDep, who: CallerDep) -> JSONBody:
+    return JSONBody(await grader_api.run(lifecycle, who, body))
+
+
+@router.post(
+    "/v1/fine_tuning/alpha/graders/validate",
+    response_model=GraderValidateResponse,
+    tags=["graders"],
+    summary="OpenAI's graders API: check a grader (422 naming the field if it is wrong)",
+)
+async def validate_grader(body: GraderValidateRequest, who: CallerDep) -> JSONBody:
+    return JSONBody(grader_api.validate(body))

@@ -41,6 +41,7 @@ from arbiter.services.gateway.fanout import (
     ComponentClient,
     not_configured,
 )
+from arbiter.services.gateway.grading import GRADERS, LocalGraders, needed
 from arbiter.services.gateway.lookup import CHUNK_KEYS, lookup
 from arbiter.services.gateway.merge import Merged, join_notes, merge, weigh
 from arbiter.services.gateway.misses import Call, call, chunks, misses
@@ -142,6 +143,7 @@ class Scorer:
     def __init__(self, cache: Cache, client: ComponentClient):
         self.cache = cache
         self.client = client
+        self.graders = LocalGraders(client)  # grader components, graded here (grading.py)
         # GATEWAY_CACHE_ENABLED=false is a NullCache (app.build_cache): the one decision
         self.cache_enabled = cache.kind != "off"
         # Scores answered but not yet in Redis (the store runs beside the answer): served
@@ -167,7 +169,7 @@ class Scorer:
         start = time.perf_counter()
         # A component whose service is not configured is refused at admission
         # (``lifecycle.py``); a caller that skipped it is refused the same way (422).
-        missing = self.client.missing(b.spec for b in recipe.components)
+        missing = self.client.missing(needed(recipe))
         if missing:
             raise not_configured(missing[0])
         # A big request's CPU-bound steps run on a worker thread: the event loop, which gets
@@ -202,7 +204,8 @@ class Scorer:
             reached = True
             scope.progress.start(where)
 
-        result = await self.client.call(
+        client = self.graders if c.spec.service == GRADERS else self.client
+        result = await client.call(
             c.spec, c.body, scope.team, id(scope.progress), sent, scope.weight
         )
         if reached and isinstance(result, Unavailable) and result.code == UNREACHABLE:

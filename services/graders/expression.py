@@ -96,6 +96,7 @@ def _eval(node: ast.expr, values: Mapping[str, float]) -> float:
         v = _eval(node.operand, values)
         return -v if isinstance(node.op, ast.USub) else v
     if isinstance(node, ast.Constant):
+        assert isinstance(node.value, int | float)  # parse() let no other constant through
         return float(node.value)
     if isinstance(node, ast.Name):
         return float(values[node.id])

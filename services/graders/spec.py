@@ -11,20 +11,30 @@ from typing import Any
 from pydantic import TypeAdapter, ValidationError
 
 from arbiter.errors import Unprocessable
-from arbiter.proto.graders import Grader, LabelModelGrader, MultiGrader, ScoreModelGrader
+from arbiter.proto.graders import (
+    Grader,
+    LabelModelGrader,
+    MultiGrader,
+    ScoreModelGrader,
+    StringCheckGrader,
+    TextSimilarityGrader,
+)
 from arbiter.services.graders import expression, templating
 from arbiter.services.graders.engine import AnyGrader, content_text
 
 GRADER: TypeAdapter[AnyGrader] = TypeAdapter(Grader)
 
 
-def _path(raw: Any, loc: tuple[int | str, ...]) -> list[str]:
-    """``loc`` as the caller's path: pydantic's union tags (``text_similarity``) dropped."""
+def path(raw: Any, loc: tuple[int | str, ...]) -> list[str]:
+    """``loc`` as the caller's path: pydantic's union labels (``text_similarity``,
+    ``dict[...]``) dropped. A step that is not a key of the object it is under is a label;
+    the last step stays (a missing field is named by it)."""
     out: list[str] = []
     node = raw
-    for step in loc:
-        if isinstance(node, dict) and step not in node and node.get("type") == step:
-            continue  # the discriminated union's tag, not a key of the caller's
+    for i, step in enumerate(loc):
+        last = i == len(loc) - 1
+        if isinstance(node, dict) and step not in node and not last:
+            continue  # a union's label, not a key of the caller's
         out.append(str(step))
         if isinstance(node, dict):
             node = node.get(step)
@@ -41,7 +51,7 @@ def load(raw: Any, where: str = "grader") -> AnyGrader:
         grader = GRADER.validate_python(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
-        param = ".".join([where, *_path(raw, err["loc"])])
+        param = ".".join([where, *path(raw, err["loc"])])
         message = err["msg"].removeprefix("Value error, ")
         raise Unprocessable(f"{param}: {message}", param=param, code="invalid_grader") from None
     check(grader, where)
@@ -70,9 +80,20 @@ def check(grader: AnyGrader, where: str) -> None:
     elif isinstance(grader, ScoreModelGrader | LabelModelGrader):
         for i, message in enumerate(grader.input):
             _template(content_text(message.content), f"{where}.input.{i}.content")
-    elif hasattr(grader, "reference"):
+    elif isinstance(grader, StringCheckGrader | TextSimilarityGrader):
         _template(grader.input, f"{where}.input")
         _template(grader.reference, f"{where}.reference")
+
+
+def templates(grader: AnyGrader) -> list[str]:
+    """Every template the grader (and its sub-graders) renders."""
+    if isinstance(grader, MultiGrader):
+        return [t for g in grader.named().values() for t in templates(g)]
+    if isinstance(grader, ScoreModelGrader | LabelModelGrader):
+        return [content_text(m.content) for m in grader.input]
+    if isinstance(grader, StringCheckGrader | TextSimilarityGrader):
+        return [grader.input, grader.reference]
+    return []
 
 
 def uses(grader: AnyGrader) -> set[str]:
