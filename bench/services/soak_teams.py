@@ -20,6 +20,10 @@ scores, latency; for the leaver, the responses its quota charged against its lim
 
     .venv/bin/python -m bench.services.soak_teams [--seconds 60] [--baseline-seconds 10] \\
         [--json PATH]
+
+With ``--edges`` it runs the sharing-at-the-edges cases instead (``bench.services.soak_edges``:
+a veteran team behind a newcomer, a bulk embedder, a flood while Redis stalls, a storage
+filler) on ``arbiter up --keys``, each against its bound; a bound missed exits 1.
 """
 
 from __future__ import annotations
@@ -44,11 +48,12 @@ from typing import Any
 
 import aiohttp
 import httpx
-import psutil
 
 from arbiter.keys import create
 from arbiter.procs import ManagedProcess, free_port, redis_process, service_process
-from bench.services.soak_stack import run_on_stack
+from bench.record import write_result
+from bench.services.soak_edges import FULL, SHORT, report, run_edges
+from bench.services.soak_stack import cpu_s, run_on_stack, usage
 
 SECRET = "soak-secret-" + "s" * 40
 LEAVER_RPM = 240
@@ -266,29 +271,6 @@ def stack(workdir: Path, keys: Path) -> dict[str, ManagedProcess]:
     return procs
 
 
-def cpu_s(procs: dict[str, ManagedProcess]) -> dict[str, float]:
-    """CPU seconds used so far by each process (children included) and by this driver."""
-    out = {"driver": sum(psutil.Process().cpu_times()[:2])}
-    for name, proc in procs.items():
-        if proc.proc is None or proc.proc.poll() is not None:
-            continue
-        with contextlib.suppress(psutil.Error):
-            p = psutil.Process(proc.proc.pid)
-            out[name] = sum(sum(x.cpu_times()[:2]) for x in [p, *p.children(recursive=True)])
-    return out
-
-
-def _usage(url: str, admin: str) -> dict[str, dict[str, int]]:
-    r = httpx.get(f"{url}/v1/usage", headers={"Authorization": f"Bearer {admin}"}, timeout=30)
-    out: dict[str, dict[str, int]] = {}
-    for day in r.json()["days"]:
-        row = out.setdefault(day["team"], Counter())
-        for k, v in day.items():
-            if isinstance(v, int):
-                row[k] += v
-    return out
-
-
 async def soak(url: str, procs: dict[str, ManagedProcess], keys: dict[str, str],
                seconds: float, baseline_s: float) -> dict[str, Any]:  # fmt: skip
     teams = {name: Team() for name in ("openrlhf", "slow", "leaver", "normal")}
@@ -323,7 +305,7 @@ async def soak(url: str, procs: dict[str, ManagedProcess], keys: dict[str, str],
     elapsed = time.monotonic() - t0
     cpu1 = cpu_s(procs)  # verify and redis restarted: their figures cover the last run only
     cpu_share = {k: round((cpu1[k] - cpu0.get(k, 0.0)) / elapsed, 2) for k in cpu1}
-    used = await asyncio.to_thread(_usage, url, keys["admin"])
+    used = await asyncio.to_thread(usage, url, keys["admin"])
     leave = used.get("leaver", {})
     charged = leave.get("responses", 0) + leave.get("unanswered_responses", 0)
     # Requests whose quota take Redis forgot: those admitted in the AOF window before the
@@ -381,12 +363,25 @@ def main() -> None:
     parser.add_argument("--baseline-seconds", type=float, default=10)
     parser.add_argument("--logs", type=Path, default=None, help="keep the services' logs here")
     parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--edges",
+        action="store_true",
+        help="the sharing-at-the-edges cases instead (bench.services.soak_edges)",
+    )
+    parser.add_argument("--short", action="store_true", help="--edges: CI's smaller sizes")
+    parser.add_argument("--port-base", type=int, default=None, help="--edges: arbiter up's")
     args = parser.parse_args()
+    if args.edges:
+        edges = run_edges(SHORT if args.short else FULL, args.port_base, args.logs)
+        print(json.dumps(edges, indent=1))
+        if args.json:
+            write_result(args.json, edges)
+        raise SystemExit(report(edges))
     out = run(args.seconds, args.baseline_seconds, args.logs)
     shown = {k: v for k, v in out.items() if k not in ("ledger", "normal_timeline")}
     print(json.dumps(shown, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_result(args.json, out)
 
 
 if __name__ == "__main__":

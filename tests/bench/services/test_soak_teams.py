@@ -2,10 +2,18 @@
 200 concurrent one-sample requests, a team uploading slowly, one leaving on purpose and a
 normal one, on a stack with keys, while verify and Redis are killed and restarted. Every
 request is answered, no score is wrong, and the quota holds what the leaver can cause.
-Real processes."""
+Real processes.
+
+Then sharing at the edges (bench/services/soak_edges.py, its SHORT sizes) on `arbiter up --keys`:
+a team with verify history behind a newcomer's slow items, a newcomer's diversity behind a
+bulk embedder, a 120/min team flooding while both Redis are stopped, a team filling the state
+Redis with stored answers. Each case's bound is the full run's (one item's deadline, 10 s,
+quota + 10 %, the ledger exact, no 5xx, nothing of another team's state lost, the byte
+budget reached and held); only the counts are smaller."""
 
 from __future__ import annotations
 
+from bench.services.soak_edges import SHORT, bounds, run_edges
 from bench.services.soak_teams import run
 
 
@@ -31,3 +39,9 @@ def test_teams_under_pressure_get_answers_and_no_wrong_score() -> None:
     quota = out["leaver_quota"]
     assert 0 < quota["charged"] <= quota["allowed_in_run"], quota
     assert {"verify", "redis"} == {f["service"] for f in out["faults"]}
+
+
+def test_sharing_at_the_edges_holds_every_bound() -> None:
+    out = run_edges(SHORT)
+    missed = [line for held, line in bounds(out) if not held]
+    assert not missed, "\n".join(missed)
