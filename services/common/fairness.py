@@ -1,17 +1,15 @@
-"""Fair share of a concurrency bound: round-robin across teams first, then across requests.
+"""Fair share of a concurrency bound: the fair-share policy (``fairshare``) as a limiter.
 
 ``asyncio.Semaphore`` admits waiters first come, first served: a request of 1,000 items
-queues 1,000 waiters, and the next request's items wait behind all of them. Round-robin
-across requests alone is not enough either: a team that sends 70 requests at once (one
-sample per POST, as OpenRLHF and slime do) holds 70 places in the line, and another
-team's request waits for 70 slots to free.
-
-Here each waiter names its team and its key (its request). When a slot frees it goes to
-the next team in turn, and inside that team to the team's next request in turn; a team
-(and a request) that still has waiters goes to the back of its line. So another team's
-request waits for at most one slot to free per team ahead of it, whatever those teams
-sent. A team's ``weight`` (a per-team setting, default 1) is how many slots it gets in a
-row on its turn.
+queues 1,000 waiters, and the next request's items wait behind all of them; one team's
+70 requests sent at once (one sample per POST, as OpenRLHF and slime send) hold 70
+places in the line. Here each waiter names its team and its key (its request), and a
+freed slot goes to the waiter ``fairshare.FairShare`` picks: teams first (start-time fair
+queueing by slot-uses, weighted by ``<PREFIX>_TEAM_WEIGHTS``), then the team's requests.
+So another team's waiter is admitted after at most one admission per other team with
+waiters, whatever those teams sent or were served before; a team of weight ``w`` gets
+``w`` times the slot-uses of a team of weight 1 while both wait. With ``per_team`` no
+team holds more than that many slots (the gateway's fan-out: ``gateway.slots``).
 
 A waiter that is cancelled (its request's client went away) leaves the line; one that
 was admitted and then cancelled hands its slot on.
@@ -24,13 +22,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import deque
 from collections.abc import AsyncIterator, Hashable, Mapping
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
 from arbiter.proto.common import TEAM_HEADER
+from arbiter.services.common.fairshare import FairShare, Grant
+
+_Waiter = asyncio.Future[Any]  # done with the waiter's grant once it is admitted
+_Grant = Grant[_Waiter]
 
 ANONYMOUS = ""  # the team of a call that names none (a component reached directly)
 MAX_TEAM_CHARS = 128  # a longer header is cut: it names a line, it is never echoed
@@ -51,50 +52,22 @@ async def _team(request: Request) -> str:  # async: no thread hop per request
 TeamDep = Annotated[str, Depends(_team)]
 
 
-class _TeamLine:
-    """One team's waiters: key (request) -> its waiters; the dict's order is the turn order."""
-
-    __slots__ = ("keys", "served")
-
-    def __init__(self) -> None:
-        self.keys: dict[Hashable, deque[asyncio.Future[None]]] = {}
-        self.served = 0  # slots granted in a row on this turn
-
-    def next_waiter(self) -> asyncio.Future[None] | None:
-        """The next request's first live waiter; that request goes to the back."""
-        return next_waiter(self.keys)
-
-
-def next_waiter(keys: dict[Hashable, deque[asyncio.Future[None]]]) -> asyncio.Future[None] | None:
-    """The first live waiter of the first key in ``keys`` (a team's requests, in turn order);
-    that key goes to the back if it has more, keys with none left are dropped. Shared by the
-    components' ``FairLimiter`` and the gateway's ``TeamSlots``."""
-    while keys:
-        key = next(iter(keys))
-        line = keys.pop(key)
-        while line and line[0].done():  # cancelled while waiting
-            line.popleft()
-        if not line:
-            continue
-        fut = line.popleft()
-        if line:
-            keys[key] = line  # back of the line: the team's others go first
-        return fut
-    return None
-
-
 class FairLimiter:
-    """At most ``limit`` holders at once; waiters admitted round-robin across teams, then
-    across each team's keys. ``weights``: slots per turn by team name (default 1)."""
+    """At most ``limit`` holders at once, at most ``per_team`` of one team (default: no
+    cap); waiters admitted by the fair-share policy (see the module docstring).
+    ``weights``: by team name (default 1)."""
 
-    def __init__(self, limit: int, weights: Mapping[str, int] | None = None) -> None:
+    def __init__(
+        self, limit: int, weights: Mapping[str, int] | None = None, per_team: int | None = None
+    ) -> None:
         if limit < 1:
             raise ValueError(f"limit must be at least 1, got {limit}")
         self.limit = limit
-        self.weights = dict(weights or {})
+        self.per_team = limit if per_team is None else per_team
+        self._policy: FairShare[_Waiter] = FairShare(weights, dead=lambda w: w.done())
         self._held = 0
-        # team -> its line; the dict's order is the turn order across teams
-        self._teams: dict[str, _TeamLine] = {}
+        self._held_by: dict[str, int] = {}
+        self._waiting = 0
 
     @property
     def held(self) -> int:
@@ -102,55 +75,58 @@ class FairLimiter:
 
     @property
     def waiting(self) -> int:
-        return sum(
-            1 for t in self._teams.values() for q in t.keys.values() for f in q if not f.done()
-        )
+        return self._waiting
+
+    def held_by(self, team: str) -> int:
+        return self._held_by.get(team, 0)
 
     @contextlib.asynccontextmanager
-    async def slot(self, key: Hashable, team: str = ANONYMOUS) -> AsyncIterator[None]:
+    async def slot(
+        self, key: Hashable, team: str = ANONYMOUS, weight: int | None = None
+    ) -> AsyncIterator[None]:
         """Hold one of the ``limit`` slots, waiting for the turn of ``team`` and, inside
-        it, of ``key`` if all are taken."""
-        await self._acquire(key, team)
+        it, of ``key`` if need be; ``weight`` overrides the team's configured one."""
+        grant = await self._acquire(key, team, weight)
         try:
             yield
         finally:
-            self._release()
+            self._release(grant)
 
-    async def _acquire(self, key: Hashable, team: str) -> None:
-        if self._held < self.limit and not self._teams:
-            self._held += 1
-            return
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        line = self._teams.get(team)
-        if line is None:
-            line = self._teams[team] = _TeamLine()
-        line.keys.setdefault(key, deque()).append(fut)
-        self._grant()  # a slot may be free behind waiters that were cancelled
+    async def _acquire(self, key: Hashable, team: str, weight: int | None) -> _Grant:
+        waiter: _Waiter = asyncio.get_running_loop().create_future()
+        self._policy.push(team, key, waiter, 1.0, weight=weight)
+        self._waiting += 1
+        self._grant()
         try:
-            await fut
+            return await waiter  # done already when a slot was free: no suspension
         except asyncio.CancelledError:
-            if fut.done() and not fut.cancelled():  # admitted, then cancelled: pass it on
-                self._release()
+            if waiter.done() and not waiter.cancelled():  # admitted, then cancelled
+                self._release(waiter.result())
+            else:
+                self._waiting -= 1
+                self._policy.prune(team, key)
             raise
 
-    def _release(self) -> None:
+    def _release(self, grant: _Grant) -> None:
         self._held -= 1
+        left = self._held_by[grant.team] - 1
+        if left:
+            self._held_by[grant.team] = left
+        else:
+            del self._held_by[grant.team]
+        self._policy.settle(grant)  # one slot-use, as estimated
         self._grant()
 
+    def _has_room(self, team: str) -> bool:
+        return self._held_by.get(team, 0) < self.per_team
+
     def _grant(self) -> None:
-        while self._held < self.limit and self._teams:
-            team = next(iter(self._teams))
-            line = self._teams[team]
-            fut = line.next_waiter()
-            if fut is None:
-                del self._teams[team]
-                continue
-            line.served += 1
-            if not line.keys:
-                del self._teams[team]
-            elif line.served >= self.weights.get(team, 1):
-                line.served = 0
-                del self._teams[team]
-                self._teams[team] = line  # back of the line: the other teams go first
+        capped = self.per_team < self.limit
+        while self._held < self.limit:
+            grant = self._policy.pop(eligible=self._has_room if capped else None)
+            if grant is None:
+                return
             self._held += 1
-            fut.set_result(None)
+            self._held_by[grant.team] = self._held_by.get(grant.team, 0) + 1
+            self._waiting -= 1
+            grant.items[0].set_result(grant)

@@ -1,6 +1,6 @@
-"""FairLimiter: the bound holds, waiters are admitted round-robin across teams, then
-across each team's keys (weighted per team), and cancelled waiters neither block the line
-nor leak a slot."""
+"""FairLimiter: the bound holds, waiters are admitted fairly across teams, then across
+each team's keys (weighted per team), and cancelled waiters neither block the line nor
+leak a slot. The policy itself is tested in test_fairshare.py."""
 
 from __future__ import annotations
 
@@ -133,7 +133,8 @@ async def test_inside_a_team_requests_take_turns() -> None:
 
 
 async def test_weighted_teams_get_slots_in_proportion() -> None:
-    # weights {"a": 3}: on its turn a gets three slots in a row, b one.
+    # weights {"a": 3}: while both wait a gets three slots for each of b's, and b never
+    # waits for more than three of a's in a row.
     limiter = FairLimiter(1, weights={"a": 3})
     log: list[str] = []
     gate = asyncio.Event()
@@ -146,7 +147,8 @@ async def test_weighted_teams_get_slots_in_proportion() -> None:
         ]
         await asyncio.sleep(0)
     await asyncio.gather(*tasks)
-    assert "".join(log[:12]) == "aaabaaabaaab", log
+    order = "".join(log[:12])
+    assert order.count("a") == 9 and "aaaa" not in order, order
 
 
 def test_team_is_read_from_the_gateways_header() -> None:

@@ -1,5 +1,6 @@
 """``TeamSlots``: the gateway's fan-out slots of one component service, shared across
-teams first (a team holds at most its share), then across each team's requests."""
+teams first (a team holds at most its share), then across each team's requests (the
+policy itself: test_fairshare.py)."""
 
 from __future__ import annotations
 
@@ -43,14 +44,14 @@ async def _order(slots: TeamSlots, waiters: list[tuple[str, Hashable, int]]) -> 
 
 
 ORDER_CASES = [
-    # round-robin across teams first: A's three requests do not go before B's one
+    # across teams first: A's three requests do not go before B's one
     ([("A", 1, 1), ("A", 2, 1), ("A", 3, 1), ("B", 1, 1)], ["A/1", "B/1", "A/2", "A/3"]),
     # then across a team's requests: A's request 1 with three calls alternates with request 2
     ([("A", 1, 1), ("A", 1, 1), ("A", 1, 1), ("A", 2, 1)], ["A/1", "A/2", "A/1", "A/1"]),
-    # a team of weight 2 gets two slots per turn
+    # a team of weight 2 gets two slots for each of B's; B, joining, waits for one of A's
     (
         [("A", 1, 2), ("A", 2, 2), ("A", 3, 2), ("B", 1, 1), ("B", 2, 1)],
-        ["A/1", "A/2", "B/1", "A/3", "B/2"],
+        ["A/1", "B/1", "A/2", "A/3", "B/2"],
     ),
 ]
 
