@@ -7,6 +7,7 @@ the other, each by teams of its own:
   responses and ``history_slow`` that run to verify's deadline) sends one correct
   one-response request while a newcomer has 15 requests of 8 slow LaTeX answers queued. Bound:
   answered with its reward (1.5) within one item's deadline (``VERIFY_DEADLINE_S``, 5 s).
+  A team without history then sends the same: its wait is recorded beside, not bounded.
 - **bulk embedder**: a team's 30 requests of 64 long texts (~220 words) queued at the
   embedder; a newcomer's ``gsm8k-diverse`` request of 8 short responses. Bound: diversity on
   all 8, not null, within 10 s.
@@ -108,12 +109,18 @@ async def veteran_newcomer(url: str, keys: dict[str, str], sizes: Sizes) -> dict
         for i in range(requests)
     ]  # fmt: skip
     await asyncio.sleep(1.0)  # the newcomer's items are queued at verify
+    behind = sum(not t.done() for t in flood)  # the load is there: else the case proves nothing
     group = _group(rng, 1)
     start = time.perf_counter()
     r = await vet.post("/v1/score", json={"recipe": "gsm8k", "groups": [group]})
     waited = time.perf_counter() - start
     reward = r.json()["groups"][0]["rewards"][0] if r.status_code == 200 else None
     errors = r.json()["groups"][0]["errors"] if r.status_code == 200 else r.json()
+    # For comparison, not a bound: a team without history sends the same, behind the same load.
+    start = time.perf_counter()
+    async with httpx.AsyncClient(base_url=url, headers=_auth(keys["victim"]), timeout=120) as h:
+        victim = await h.post("/v1/score", json={"recipe": "gsm8k", "groups": [_group(rng, 1)]})
+    victim_waited = time.perf_counter() - start
     for task in flood:  # the newcomer leaves: its queued items are dropped
         task.cancel()
     await asyncio.gather(*flood, return_exceptions=True)
@@ -121,8 +128,11 @@ async def veteran_newcomer(url: str, keys: dict[str, str], sizes: Sizes) -> dict
     await asyncio.sleep(DEADLINE_S)  # its running items end at their deadline
     return {"history_responses": sizes.history, "history_slow": sizes.history_slow,
             "history_s": round(history_s, 1), "newcomer": f"{requests} x {per} slow",
+            "newcomer_pending_at_send": behind,
             "status": r.status_code, "reward": reward, "errors": errors,
-            "waited_s": round(waited, 2), "bound_s": DEADLINE_S}  # fmt: skip
+            "waited_s": round(waited, 2), "bound_s": DEADLINE_S,
+            "no_history_waited_s": round(victim_waited, 2),
+            "no_history_status": victim.status_code}  # fmt: skip
 
 
 def _long(rng: random.Random, nonce: int, j: int) -> str:
@@ -140,6 +150,7 @@ async def bulk_embedder(url: str, keys: dict[str, str], sizes: Sizes) -> dict[st
         for i in range(requests)
     ]  # fmt: skip
     await asyncio.sleep(2.0)  # the bulk texts are at the embedder
+    behind = sum(not t.done() for t in queued)
     nonce = rng.getrandbits(48)
     group = {"reference": "7", "responses": [
         f"<think>{nonce}: {j} apples and {j + 3} pears</think><answer>{7 + j % 2}</answer>"
@@ -154,7 +165,8 @@ async def bulk_embedder(url: str, keys: dict[str, str], sizes: Sizes) -> dict[st
         task.cancel()
     await asyncio.gather(*queued, return_exceptions=True)
     await bulk.aclose()
-    return {"bulk": f"{requests} x {texts} long texts", "bulk_pending_at_answer": pending,
+    return {"bulk": f"{requests} x {texts} long texts", "bulk_pending_at_send": behind,
+            "bulk_pending_at_answer": pending,
             "status": r.status_code, "diversity": diversity, "waited_s": round(waited, 2),
             "bound_s": DIVERSITY_BOUND_S}  # fmt: skip
 
@@ -226,12 +238,14 @@ def bounds(out: dict[str, Any]) -> list[tuple[bool, str]]:
     v, b, f = out["veteran_newcomer"], out["bulk_embedder"], out["storage_filler"]
     div = b["diversity"]
     return [
-        (v["reward"] == 1.5 and v["waited_s"] <= v["bound_s"],
+        (v["reward"] == 1.5 and v["waited_s"] <= v["bound_s"] and v["newcomer_pending_at_send"],
          f"veteran: reward {v['reward']} (want 1.5) after {v['waited_s']} s behind "
-         f"{v['newcomer']}; bound one item's deadline, {v['bound_s']} s"),
-        (len(div) == 8 and None not in div and b["waited_s"] <= b["bound_s"],
-         f"bulk embedder: diversity {div} after {b['waited_s']} s behind {b['bulk']}; "
-         f"bound 8 not null within {b['bound_s']} s"),
+         f"{v['newcomer']} ({v['newcomer_pending_at_send']} pending); bound one item's "
+         f"deadline, {v['bound_s']} s (no history: {v['no_history_waited_s']} s)"),
+        (len(div) == 8 and None not in div and b["waited_s"] <= b["bound_s"]
+         and b["bulk_pending_at_send"],
+         f"bulk embedder: diversity {div} after {b['waited_s']} s behind {b['bulk']} "
+         f"({b['bulk_pending_at_send']} pending); bound 8 not null within {b['bound_s']} s"),
         *flood_checks(out["flood"]),
         (not f["others_lost"] and not f["others_changed"] and f["evicted"] == 0,
          f"storage filler: of {f['others_keys']} keys of other teams' state, lost "
@@ -275,7 +289,7 @@ def run_edges(sizes: Sizes, port_base: int | None = None,
         where.mkdir(parents=True, exist_ok=True)
         path = where / "keys.yaml"
         limits: dict[str, dict[str, object] | None] = {
-            "veteran": None, "newcomer": None, "bulk": None, "fresh": None,
+            "veteran": None, "newcomer": None, "victim": None, "bulk": None, "fresh": None,
             "flooder": {"responses_per_minute": 120}, "leaver": None, "filler": None}  # fmt: skip
         keys = {n: create(path, n, secret=SECRET, limits=lim)[0] for n, lim in limits.items()}
         keys["ops"] = create(path, "ops", secret=SECRET, admin=True)[0]
