@@ -97,10 +97,10 @@ async def veteran_newcomer(url: str, keys: dict[str, str], sizes: Sizes) -> dict
     for _ in range(sizes.history // 64):  # history: requests of 8 groups of 8
         body = {"recipe": "gsm8k", "groups": [_group(rng, 8) for _ in range(8)]}
         (await vet.post("/v1/score", json=body)).raise_for_status()
-    if sizes.history_slow:
-        slow = [_slow(-k) for k in range(1, sizes.history_slow + 1)]
+    for first in range(1, sizes.history_slow + 1, 4):  # 4 at a time: 10 s on 2 workers, well
+        slow = [_slow(-k) for k in range(first, min(first + 4, sizes.history_slow + 1))]
         body = {"recipe": "gsm8k", "groups": [{"reference": "1", "responses": slow}]}
-        (await vet.post("/v1/score", json=body)).raise_for_status()
+        (await vet.post("/v1/score", json=body)).raise_for_status()  # inside the 30 s deadline
     history_s = time.perf_counter() - start
     requests, per = sizes.newcomer
     flood = [
