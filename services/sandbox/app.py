@@ -25,10 +25,11 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
         await runner.start()  # one sandbox started and checked: a broken setup stops here
         app.state.runner = runner
         log.info(
-            "sandbox ready: %d workers, %s, %d MB, %g s per item",
+            "sandbox ready: %d workers, %s, %d MB a sandbox (%d MB a grader's), %g s per item",
             settings.workers,
             settings.python,
             settings.memory_mb,
+            settings.grader_memory_mb,
             settings.item_timeout_s,
         )
         try:

@@ -25,7 +25,6 @@ import select
 import sys
 import time
 
-ANCESTORS = 4  # the zygote, the job's first fork, its PID 1 and checker: the same user's
 FRAME_LIMIT = 1 << 17  # result bytes a child may have unparsed: a line past half of it is too large
 REASON_CHARS = 300
 CODE_NAME = "__arbiter_program__"
@@ -112,10 +111,13 @@ def cpu_clock(pid):
 def limit_child(limits, cpu_s):
     """In a fresh child, before any program code: rlimits, niceness, no core files."""
     mb = 1 << 20
+    # the sandbox's memory shared out (memory.py): at most processes + ancestors processes
+    # in its user namespace, each of the job's within process_mb of address space
+    nproc = limits["processes"] + limits["ancestors"]
     for res, soft, hard in (
-        (resource.RLIMIT_AS, limits["memory_mb"] * mb, limits["memory_mb"] * mb),
+        (resource.RLIMIT_AS, limits["process_mb"] * mb, limits["process_mb"] * mb),
         (resource.RLIMIT_CPU, cpu_s, cpu_s + 1),  # SIGXCPU, then SIGKILL
-        (resource.RLIMIT_NPROC, limits["processes"] + ANCESTORS, limits["processes"] + ANCESTORS),
+        (resource.RLIMIT_NPROC, nproc, nproc),
         (resource.RLIMIT_FSIZE, limits["file_mb"] * mb, limits["file_mb"] * mb),
         (resource.RLIMIT_NOFILE, limits["open_files"], limits["open_files"]),
         (resource.RLIMIT_CORE, 0, 0),

@@ -37,6 +37,7 @@ from prometheus_client import Counter, Gauge
 
 from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.sandbox.bwrap import bwrap_argv, compiled_harness, setpriv
+from arbiter.services.sandbox.memory import job_limits
 from arbiter.services.sandbox.seccomp import seccomp_filter
 from arbiter.services.sandbox.settings import SandboxSettings
 
@@ -276,12 +277,25 @@ class Pool:
         return box
 
     async def run(self, job: dict[str, Any], deadline_s: float) -> dict[str, Any]:
-        """``job``'s answer from a free sandbox, or ``SandboxFailure``."""
+        """``job``'s answer from a free sandbox, or ``SandboxFailure``. Its memory and
+        process limits are the sandbox's for its kind, shared out by ``memory.job_limits``."""
+        job = {**job, "limits": self.limits(job)}
         box = await self._take()
         try:
             return await box.run(job, deadline_s, self.tmpfs)
         finally:
             self._give_back(box)
+
+    def limits(self, job: dict[str, Any]) -> dict[str, Any]:
+        s, kind = self.settings, job["kind"]
+        grader = kind == "grader"
+        return job_limits(
+            job["limits"],
+            kind,
+            s.grader_memory_mb if grader else s.memory_mb,
+            s.grader_max_processes if grader else s.max_processes,
+            s.tmp_mb,
+        )
 
     async def _take(self) -> Sandbox:
         """A free sandbox: a waiting one, else the next to start or to settle."""

@@ -11,6 +11,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from arbiter.services.common.settings import ServiceSettings
+from arbiter.services.sandbox import memory
 
 
 def _default_python() -> str:
@@ -65,7 +66,12 @@ class SandboxSettings(ServiceSettings):
         "'timeout' (retryable).",
     )
     memory_mb: int = Field(
-        default=512, ge=64, le=65536, description="Address space per process (RLIMIT_AS)."
+        default=2560,
+        ge=256,
+        le=1 << 20,
+        description="Memory of one code_tests sandbox: all of a response's processes together "
+        "and its /tmp. Each process gets RLIMIT_AS (memory_mb - tmp_mb - 256) / "
+        "(max_processes + 1): 248 MB by default (memory.py).",
     )
     grader_packages: bool = Field(
         default=True,
@@ -74,15 +80,28 @@ class SandboxSettings(ServiceSettings):
         "namespace copies ~44 fewer mounts.",
     )
     grader_memory_mb: int = Field(
-        default=2048,
-        ge=64,
-        le=65536,
-        description="Address space per process of a python_grader (RLIMIT_AS): its packages "
-        "reserve more than a program needs (deepdiff with numpy and pandas ~1.4 GB); OpenAI's "
-        "Python graders get 2 GB.",
+        default=4096,
+        ge=256,
+        le=1 << 20,
+        description="Memory of one python_grader sandbox, its processes together and its "
+        "/tmp. Each process gets RLIMIT_AS (grader_memory_mb - tmp_mb - 256) / "
+        "grader_max_processes: 1888 MB by default, as the packages reserve more address space "
+        "than a program needs (deepdiff with numpy and pandas ~1.3 GB; OpenAI's Python graders "
+        "get 2 GB).",
     )
     max_processes: int = Field(
-        default=8, ge=1, le=1024, description="Processes per sandbox (RLIMIT_NPROC)."
+        default=8,
+        ge=1,
+        le=1024,
+        description="Processes (and threads) a code_tests program may have at once "
+        "(RLIMIT_NPROC); its sandbox's memory is shared among them.",
+    )
+    grader_max_processes: int = Field(
+        default=2,
+        ge=1,
+        le=1024,
+        description="Processes (and threads) a python_grader may have at once; its sandbox's "
+        "memory is shared among them.",
     )
     max_file_mb: int = Field(default=16, ge=1, le=4096, description="Largest file (RLIMIT_FSIZE).")
     max_open_files: int = Field(default=64, ge=16, le=4096, description="RLIMIT_NOFILE.")
@@ -120,6 +139,20 @@ class SandboxSettings(ServiceSettings):
             raise ValueError(
                 f"SANDBOX_PYTHON={self.python!r} not found: point it at a python3 interpreter"
             )
+        graders = ("SANDBOX_GRADER_MEMORY_MB", self.grader_memory_mb, "grader")
+        for name, total, kind, processes in (
+            ("SANDBOX_MEMORY_MB", self.memory_mb, "tests", self.max_processes),
+            (*graders, self.grader_max_processes),
+        ):
+            each = memory.process_mb(total, self.tmp_mb, kind, processes)
+            if each < memory.MIN_PROCESS_MB:
+                raise ValueError(
+                    f"{name}={total} leaves {each} MB to each process of a sandbox (less "
+                    f"SANDBOX_TMP_MB={self.tmp_mb} and {memory.HARNESS_MB} MB for its harness, "
+                    f"shared by {memory.slots(kind, processes)} processes); the least is "
+                    f"{memory.MIN_PROCESS_MB} MB. It bounds the sandbox's processes together: "
+                    "raise it, or lower the processes"
+                )
         if self.test_timeout_s > self.item_timeout_s:
             raise ValueError(
                 f"SANDBOX_TEST_TIMEOUT_S={self.test_timeout_s} is above "

@@ -107,8 +107,10 @@ def job_process(libc, control, job_fd, tmp, answer_job):
             drop_capabilities(libc)
             os.chdir("/tmp")  # the fresh one: the zygote's cwd is the /tmp beneath it
             job = read_job(job_fd)  # the service's own bytes, without the tests
-            mb = job["limits"]["memory_mb"] << 20  # its own memory bounded too, as its children's
-            resource.setrlimit(resource.RLIMIT_AS, (mb, mb))
+            # its own memory bounded too (harness_mb); its children lower theirs to process_mb
+            limits = job["limits"]
+            own, each = limits["harness_mb"] << 20, limits["process_mb"] << 20
+            resource.setrlimit(resource.RLIMIT_AS, (own, max(own, each)))
             answer = answer_job(job)
             write_all(dump(answer).encode("utf-8", "replace") + b"\n")
             code = 0

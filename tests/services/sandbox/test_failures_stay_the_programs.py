@@ -19,10 +19,13 @@ from typing import Any
 import httpx
 import pytest
 
+from arbiter.services.sandbox.memory import HARNESS_MB
 from tests.conftest import start_service
 from tests.services.sandbox.conftest import ENV, group
 
-ONE_SANDBOX = {**ENV, "SANDBOX_WORKERS": "1", "SANDBOX_SPARE": "0", "SANDBOX_MEMORY_MB": "128"}
+# 128 MB each process: /tmp, PID 1's own and 9 processes (the program's 8 and the checker)
+ONE_SANDBOX = {**ENV, "SANDBOX_WORKERS": "1", "SANDBOX_SPARE": "0"}
+ONE_SANDBOX |= {"SANDBOX_MEMORY_MB": str(64 + HARNESS_MB + 9 * 128)}
 ONE_SANDBOX |= {"SANDBOX_TEST_TIMEOUT_S": "5", "SANDBOX_ITEM_TIMEOUT_S": "8"}
 ONE_SANDBOX |= {"SANDBOX_TMP_MB": "64", "SANDBOX_MAX_TESTS": "2500"}
 

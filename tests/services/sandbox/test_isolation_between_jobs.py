@@ -19,11 +19,15 @@ from pathlib import Path
 import httpx
 import pytest
 
+from arbiter.services.sandbox.memory import HARNESS_MB
 from tests.conftest import start_service
 from tests.services.sandbox.conftest import ENV, group
 
-MEMORY_MB = 128
-ONE_SANDBOX = {**ENV, "SANDBOX_WORKERS": "1", "SANDBOX_SPARE": "0", "SANDBOX_MEMORY_MB": "128"}
+MEMORY_MB = 128  # each process's share of the sandbox's memory
+# /tmp, PID 1's own and 9 processes (the program's 8 and the checker): memory.py's sum
+SANDBOX_MB = 64 + HARNESS_MB + 9 * MEMORY_MB
+ONE_SANDBOX = {**ENV, "SANDBOX_WORKERS": "1", "SANDBOX_SPARE": "0"}
+ONE_SANDBOX |= {"SANDBOX_MEMORY_MB": str(SANDBOX_MB), "SANDBOX_TMP_MB": "64"}
 ONE_SANDBOX |= {"SANDBOX_TEST_TIMEOUT_S": "5", "SANDBOX_ITEM_TIMEOUT_S": "8"}
 
 
@@ -277,7 +281,7 @@ def f():
             largest = max(largest, _largest_rss_mb(pid))
             time.sleep(0.05)
     assert job.result()["scores"] == [0.0]
-    assert largest < MEMORY_MB, f"a process of the sandbox held {largest} MB"
+    assert largest < HARNESS_MB, f"a process of the sandbox held {largest} MB"
 
 
 # Was a finding (fixed): a stdio program that fills /tmp leaves PID 1 no room for the next test's
