@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -42,6 +43,9 @@ class ManagedProcess:
     proc: subprocess.Popen[bytes] | None = None
     # Ends this child's group when the starting process dies (see arbiter.supervise).
     watchdog: Watchdog | None = None
+    # resource limits set on the child as it starts, {RLIMIT_*: (soft, hard)}: its children
+    # inherit them
+    rlimits: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def start(self) -> ManagedProcess:
         """Start (or, after it exited, start again) the process in a group of its own."""
@@ -62,6 +66,8 @@ class ManagedProcess:
         )
         if self.watchdog is not None:
             self.watchdog.watch(self.proc.pid)
+        for limit, values in self.rlimits.items():  # before it starts any child of its own
+            resource.prlimit(self.proc.pid, limit, values)
         return self
 
     def _kill_leftovers(self) -> None:

@@ -40,6 +40,7 @@ import argparse
 import json
 import logging
 import os
+import resource
 import shutil
 import signal
 import threading
@@ -57,6 +58,7 @@ from arbiter.procs import (
     state_redis_process,
 )
 from arbiter.serve import SERVICES
+from arbiter.services.sandbox.memory import SERVICE_MB
 from arbiter.supervise import Supervisor, Watchdog
 
 log = logging.getLogger("arbiter.up")
@@ -105,6 +107,18 @@ def sandbox_off(args: argparse.Namespace) -> str | None:
     return None
 
 
+def sandbox_rlimits() -> dict[int, tuple[int, int]]:
+    """The sandbox service's own process within ``SERVICE_MB`` of address space (a soft
+    limit: its sandboxes set their own, ``services/sandbox/memory.py``). With each sandbox
+    within its limit, the service holds at most SERVICE_MB + workers x the larger sandbox
+    limit."""
+    hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+    soft = SERVICE_MB << 20
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    return {resource.RLIMIT_AS: (soft, hard)}
+
+
 def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
     """The processes to start, in order (each depends only on those before it)."""
     # The cache (LRU) and the state (noeviction); both survive a restart: AOF, fsync every s.
@@ -141,6 +155,8 @@ def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
             # ready: verify's workers, the embedder's model, a sandbox started and checked
             ready_path="/readyz" if name in ("verify", "embedding", "sandbox") else "/healthz",
         )
+        if name == "sandbox":
+            proc.rlimits = sandbox_rlimits()
         procs.append(proc)
         if name != "gateway":
             env["gateway"][f"GATEWAY_{name.upper()}_URL"] = f"http://127.0.0.1:{proc.port}"

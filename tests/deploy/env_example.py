@@ -69,6 +69,9 @@ COMPOSE_LEVEL = {
     "ARBITER_STATE_REDIS_MAXMEMORY": "State Redis memory cap (usage ledger, quotas, idempotency "
     "keys; noeviction: full, it refuses writes). Size it to GATEWAY_IDEMPOTENCY_TEAM_BYTES x "
     "teams plus a few MB.",
+    "ARBITER_SANDBOX_MEMORY": "Memory limit of the sandbox's container: SANDBOX_WORKERS x "
+    "the larger sandbox limit (SANDBOX_GRADER_MEMORY_MB, 4 GiB) + 1 GiB for the service; "
+    "raise it with the workers.",
     "ARBITER_KEYS_DIR": "Directory holding keys.yaml (`arbiter keys`), mounted into the "
     "gateway; keep it outside the checkout in production.",
     "ARBITER_EMBEDDING_TARGET": "Dockerfile target of the embedding image: embedding-cpu "
