@@ -22,8 +22,8 @@ same card (``bench/results/regress_<card>.json``):
    shortened to 2 rounds; the service's texts/s and its ratio to raw ``model.encode``.
 
 On one GPU, 1-3 run side by side (host-bound tiny models), then 4 alone and 5 alone, since
-they measure throughput; with two GPUs, 4 then 5 run on the second beside 1-3 on the first
-(``schedule`` says why). Exit status 1 on a crash (a part's
+they measure throughput; with two GPUs, 4 runs on the second beside 1-3 on the first, then 5
+alone (``schedule`` says why). Exit status 1 on a crash (a part's
 non-zero exit, a missing result, too few steps) or a figure outside its allowance against
 the recorded one (``CHECKS``: each allowance is the run-to-run spread measured on the
 card, rounded up, and says why; ``bench.device.regress_common`` judges). ``--small`` (SMALL=1 in
@@ -305,17 +305,18 @@ def schedule(parts: list[str], small: bool, gpus: int = 1) -> list[list[Lane]]:
     and embed alone, since they measure throughput: beside the others, speed's timed steps
     took 3.97 and 5.84 s instead of ~3.6 (its ratio 1.75x, 2.57x alone). With speed's
     compile ~30 s, the table comes out inside one 10-minute call on a fresh machine.
-    With two GPUs or more: the same three on the first GPU while speed, then embed, run on
-    the second, alone on their card as on one GPU (the host has twice the cores): the call
-    takes about as long as the learn part (~5 minutes instead of ~9).
+    With two GPUs or more: the same three on the first GPU while speed runs alone on the
+    second (the host has twice the cores), then embed alone: it is host-bound (tokenizing,
+    HTTP), and beside the three trainers its ratio to raw encode fell to 0.73 (0.96 alone).
+    The call takes about as long as the learn part and embed (~5 minutes instead of ~9).
     On a CPU (``small``) each part runs alone: two cores cannot host three trainers at once."""
     if small:
         return [[(None, [x])] for x in parts]
     host = [x for x in parts if x in ("learn", "tool", "diverse")]
     alone = [x for x in parts if x in ("speed", "embed")]
-    if gpus >= 2:
-        lanes: list[Lane] = [("0", [x]) for x in host]
-        return [lanes + ([("1", alone)] if alone else [])]
+    if gpus >= 2 and "speed" in alone:
+        lanes: list[Lane] = [("0", [x]) for x in host] + [("1", ["speed"])]
+        return [lanes] + [[(None, [x])] for x in alone if x != "speed"]
     together: list[Lane] = [(None, [x]) for x in host]
     phases: list[list[Lane]] = [together] if together else []
     for x in alone:

@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call (one H100/H200, at most 10 minutes; about 5 on a 2-GPU kind, which runs the
-# timed parts on the second GPU): re-checks every GPU headline with the trainer's default
+# speed part on the second GPU): re-checks every GPU headline with the trainer's default
 # settings -- the learning benchmark (300 GRPO steps; held-out accuracy must rise), tool use
 # learned with the calculator environment and the diversity reward beside it, the
 # Qwen2.5-1.5B speed benchmark against TRL 1.16 (shortened), the embedding service on the GPU
