@@ -315,7 +315,8 @@ def schedule(parts: list[str], small: bool, gpus: int = 1) -> list[list[Lane]]:
     host = [x for x in parts if x in ("learn", "tool", "diverse")]
     alone = [x for x in parts if x in ("speed", "embed")]
     if gpus >= 2 and "speed" in alone:
-        lanes: list[Lane] = [("0", [x]) for x in host] + [("1", ["speed"])]
+        lanes: list[Lane] = [("0", [x]) for x in host]
+        lanes.append(("1", ["speed"]))
         return [lanes] + [[(None, [x])] for x in alone if x != "speed"]
     together: list[Lane] = [(None, [x]) for x in host]
     phases: list[list[Lane]] = [together] if together else []
