@@ -13,10 +13,12 @@ Transport: uvloop makes the parent's socket ends non-blocking, so it uses asynci
 in ``multiprocessing.Connection``'s framing (the worker: blocking ``recv``/``send``); a big
 item costs the time to copy it and at most its deadline, never a worker restart.
 
-Fairness (``queue.FairQueue``): each team, and each request of a team, has its own queue,
-charged with the worker time its items took (a killed item: its deadline); a chunk takes a
-share from every team queued, the least charged first, and a team's share from its
-requests the same way. A chunk that has run for ``yield_after_s`` while
+Fairness (``queue.FairQueue``, the fair-share policy of ``common.fairshare``): teams, then
+a team's requests, by start-time fair queueing on worker time (a killed item: its
+deadline) with one global virtual time; a chunk is made of runs of up to ``MIN_SHARE``
+items of one request, each from the request served next, so another team's request leads
+the next chunk after at most one run per other team, whatever their history. A chunk that
+has run for ``yield_after_s`` while
 another request waits gets a "yield" mark: the worker stops after its current item, hands
 back the chunks sent behind it unstarted, and gets nothing new until they are back, so the
 queue decides what runs next. One request's items delay another's by at most the running
