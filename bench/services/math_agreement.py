@@ -23,12 +23,12 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from arbiter import gsm8k
 from arbiter.services.verify.scoring import score_math_direct
+from bench import record
 
 DATA = Path(__file__).parents[2] / "tests" / "services" / "verify" / "data"
 _CALC = re.compile(r"<<[^>]*>>")
@@ -114,26 +114,30 @@ def _thin(v: str) -> str:
     return ",\\!".join(groups)
 
 
-# Each style: the rationale's steps and the value → a response.
-STYLES: dict[str, Callable[[str, str], str]] = {
-    "answer_tag": lambda s, v: f"<think>\n{s}\n</think>\n<answer>{v}</answer>",
-    "answer_tag_latex": lambda s, v: f"<think>{s}</think>\n<answer>${v}$</answer>",
-    "boxed": lambda s, v: f"{s}\nSo the answer is $\\boxed{{{v}}}$.",
-    "boxed_final": lambda s, v: f"{s}\n\n**Final Answer**\n\\boxed{{{v}}}",
-    "boxed_thin_space": lambda s, v: f"{s}\nThe total is $\\boxed{{{_thin(v)}}}$.",
-    "hashes": lambda s, v: f"{s}\n#### {v}",
-    "answer_is": lambda s, v: f"{s}\nThe answer is {v}.",
-    "answer_colon": lambda s, v: f"{s}\nAnswer: {v}",
-    "final_answer_latex": lambda s, v: (
-        f"{s}\nFinal Answer: The final answer is ${v}$. I hope it is correct."
-    ),
-    "unit_word": lambda s, v: f"<think>{s}</think><answer>{v} dollars</answer>",
-    "bold": lambda s, v: f"{s}\nTotal: **{v}**",
-    "fraction": lambda s, v: f"<think>{s}</think>\n<answer>\\frac{{{2 * int(v)}}}{{2}}</answer>",
-    "decimals": lambda s, v: f"{s}\nA: {v}.00",
-    "last_number": lambda s, v: f"{s}\nSo she has {v} in the end",
-    "inline_math": lambda s, v: f"{s}\nTherefore the result is ${v}$.",
+# Each style: a response made of the rationale's steps ``{s}`` and the value ``{v}`` (``{v_thin}``:
+# with LaTeX thousands separators; ``{v_double}``: twice the value, for a fraction equal to it).
+STYLES: dict[str, str] = {
+    "answer_tag": "<think>\n{s}\n</think>\n<answer>{v}</answer>",
+    "answer_tag_latex": "<think>{s}</think>\n<answer>${v}$</answer>",
+    "boxed": "{s}\nSo the answer is $\\boxed{{{v}}}$.",
+    "boxed_final": "{s}\n\n**Final Answer**\n\\boxed{{{v}}}",
+    "boxed_thin_space": "{s}\nThe total is $\\boxed{{{v_thin}}}$.",
+    "hashes": "{s}\n#### {v}",
+    "answer_is": "{s}\nThe answer is {v}.",
+    "answer_colon": "{s}\nAnswer: {v}",
+    "final_answer_latex": "{s}\nFinal Answer: The final answer is ${v}$. I hope it is correct.",
+    "unit_word": "<think>{s}</think><answer>{v} dollars</answer>",
+    "bold": "{s}\nTotal: **{v}**",
+    "fraction": "<think>{s}</think>\n<answer>\\frac{{{v_double}}}{{2}}</answer>",
+    "decimals": "{s}\nA: {v}.00",
+    "last_number": "{s}\nSo she has {v} in the end",
+    "inline_math": "{s}\nTherefore the result is ${v}$.",
 }
+
+
+def respond(style: str, steps: str, value: str) -> str:
+    """The response of ``style`` for a rationale and a value."""
+    return STYLES[style].format(s=steps, v=value, v_thin=_thin(value), v_double=2 * int(value))
 
 
 def gsm8k_styles(n_groups: int) -> dict[str, Any]:
@@ -145,9 +149,9 @@ def gsm8k_styles(n_groups: int) -> dict[str, Any]:
         value = reference.rsplit("####", 1)[1].strip().replace(",", "")
         steps = _CALC.sub("", reference.rsplit("####", 1)[0]).strip()
         wrong = str(int(value) + 1)
-        for name, style in STYLES.items():
+        for name in STYLES:
             for v, expected in ((value, 1.0), (wrong, 0.0)):
-                score = score_math_direct(style(steps, v), reference).score
+                score = score_math_direct(respond(name, steps, v), reference).score
                 per_style[name][0] += score == expected
                 per_style[name][1] += 1
     return {
@@ -198,7 +202,7 @@ def main() -> None:
     if undocumented:
         print("undocumented disagreements:", *undocumented, sep="\n  ")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        record.write_result(args.json, result, indent=2)
 
 
 if __name__ == "__main__":
