@@ -7,14 +7,15 @@ the rows back: every job gets exactly its own rows, in its own order. A job larg
 a batch is split across batches. While the worker encodes, new texts queue up and form
 the next batch, so a busy service runs back-to-back full batches.
 
-Fair across teams first, then across requests: a batch is filled round-robin, an equal
-share (times the team's weight, ``EMBEDDING_TEAM_WEIGHTS``) from every team with texts
-queued, and inside a team's share an equal share from each of its queued jobs; a team,
-and a job, with texts left goes to the back of its line. So a request of 2,048 texts, or
-one team's 70 requests sent at once, delays another team's request by at most the batch
-being encoded (and the one being prepared), not by all of their own batches. The team
-comes from the gateway's internal header (``common.fairness.team_of``). A job whose caller
-went away (its request was cancelled) is dropped from the queue.
+Bounded and fair (``queue.py``): a batch holds at most ``max_batch_texts`` texts and
+``token_budget`` tokens, counted when the request arrives (``count``, the model's Rust
+tokenizer, on a thread), so a batch of long texts is a short batch of few texts; it is
+filled fairly across teams first, then across a team's requests (weights:
+``EMBEDDING_TEAM_WEIGHTS``). So a request of 2,048 texts, or one team's 30 requests of 64
+long texts sent at once, delays another team's request by at most the batch being encoded
+and the one being prepared, each of bounded tokens, not by all of their own batches. The
+team comes from the gateway's internal header (``common.fairness.team_of``). A job whose
+caller went away (its request was cancelled) is dropped from the queue.
 
 Isolated: when a batch fails (a text the tokenizer refuses, a fault), each of its jobs is
 encoded again on its own, so only the job that fails alone gets the error; when the
@@ -32,10 +33,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -44,6 +43,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from arbiter.errors import Unprocessable
 from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.embedding.encoder import Encoded
+from arbiter.services.embedding.queue import Batch, Job, TextQueue
 
 log = logging.getLogger("arbiter.embedding")
 # A broken model fails every batch alike: one line (and traceback) per kind per 10 s.
@@ -58,6 +58,11 @@ BATCH_REQUESTS = Histogram(
     "arbiter_embedding_batch_requests",
     "Requests (jobs) contributing to one encode call.",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+)
+BATCH_TOKENS = Histogram(
+    "arbiter_embedding_batch_tokens",
+    "Tokens (counted on arrival) per coalesced encode call; bounded by the token budget.",
+    buckets=(64, 256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144),
 )
 QUEUE_WAIT = Histogram(
     "arbiter_embedding_queue_wait_seconds",
@@ -86,29 +91,11 @@ ISOLATED = Counter(
 
 EncodeFn = Callable[[Any], Encoded]  # texts → rows; or prepare()'s output → rows
 PrepareFn = Callable[[list[str]], Any]
+CountFn = Callable[[list[str]], np.ndarray]  # texts → (n,) tokens each
 
 
 class QueueFull(Exception):
     """The backlog is past ``max_queued_texts``; the caller should retry later."""
-
-
-@dataclass
-class _Job:
-    texts: list[str]
-    future: asyncio.Future[Encoded]
-    enqueued: float
-    vectors: np.ndarray | None = None
-    tokens: np.ndarray | None = None
-    truncated: np.ndarray | None = None
-    remaining: int = 0
-    next_index: int = 0  # first text not yet taken into a batch
-
-
-@dataclass
-class _Batch:
-    texts: list[str] = field(default_factory=list)
-    # (job, first row in job, first row in batch, count)
-    parts: list[tuple[_Job, int, int, int]] = field(default_factory=list)
 
 
 class DynamicBatcher:
@@ -117,20 +104,24 @@ class DynamicBatcher:
         encode: EncodeFn,
         *,
         prepare: PrepareFn | None = None,
+        count: CountFn | None = None,
         max_batch_texts: int,
+        token_budget: int = 0,
         max_wait_ms: float,
         max_queued_texts: int,
         team_weights: Mapping[str, int] | None = None,
     ):
+        """``count``: tokens per text, for ``token_budget`` (0: none); without it a text
+        costs 1."""
         self._encode = encode
         self._prepare = prepare
+        self._count = count
         self.max_batch_texts = max_batch_texts
         self.max_wait = max_wait_ms / 1000.0
         self.max_queued_texts = max_queued_texts
-        self._weights = dict(team_weights or {})
-        # team -> its queued jobs; the dict's order is the turn order across teams
-        self._teams: dict[str, deque[_Job]] = {}
-        self._queued = 0
+        self._queue = TextQueue(
+            max_texts=max_batch_texts, max_tokens=token_budget, weights=team_weights
+        )
         self._wakeup = asyncio.Event()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="encode")
         self._prep_worker = (
@@ -146,87 +137,50 @@ class DynamicBatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for line in self._teams.values():
-            for job in line:
-                if not job.future.done():
-                    job.future.set_exception(RuntimeError("embedding service shutting down"))
-        self._teams.clear()
+        for job in self._queue.drain():
+            if not job.future.done():
+                job.future.set_exception(RuntimeError("embedding service shutting down"))
         self._worker.shutdown(wait=False, cancel_futures=True)
         if self._prep_worker is not None:
             self._prep_worker.shutdown(wait=False, cancel_futures=True)
 
     @property
     def queued(self) -> int:
-        return self._queued
+        return self._queue.queued
 
     async def embed(self, texts: list[str], team: str = "") -> Encoded:
         """Queue ``texts`` (in ``team``'s line) and wait for their rows (in order)."""
         if self._task is None or self._task.done():
             raise RuntimeError("batcher is not running")
-        if self._queued + len(texts) > self.max_queued_texts:
-            raise QueueFull(f"{self._queued} texts already queued")
+        self._check_room(len(texts))
         loop = asyncio.get_running_loop()
-        job = _Job(texts, loop.create_future(), time.perf_counter(), remaining=len(texts))
-        line = self._teams.get(team)
-        if line is None:
-            line = self._teams[team] = deque()
-        line.append(job)
-        self._queued += len(texts)
-        QUEUED.set(self._queued)
+        if self._count is None:
+            costs = np.ones(len(texts), dtype=np.int64)
+        else:  # the Rust tokenizer releases the GIL: off the event loop
+            costs = await loop.run_in_executor(None, self._count, texts)
+            self._check_room(len(texts))
+        job = Job(texts, costs, loop.create_future(), time.perf_counter(), remaining=len(texts))
+        self._queue.push(job, team)
+        QUEUED.set(self._queue.queued)
         self._wakeup.set()
         return await job.future
 
-    def _take(self, batch: _Batch) -> None:
-        """Move queued texts into ``batch`` until it is full or the queue is empty: a share
-        (by weight) from each team in turn; a team with texts left goes to the back."""
-        cap, teams, weights = self.max_batch_texts, self._teams, self._weights
-        while teams and len(batch.texts) < cap:
-            names = list(teams)
-            weight_left = sum(weights.get(n, 1) for n in names) if weights else len(names)
-            for name in names:
-                room = cap - len(batch.texts)
-                if room <= 0:
-                    break
-                weight = weights.get(name, 1) if weights else 1
-                share = max(1, room * weight // weight_left)
-                weight_left -= weight
-                line = teams.pop(name)
-                self._take_jobs(line, len(batch.texts) + share, batch)
-                if line:
-                    teams[name] = line  # back of the line: the other teams go first
-        QUEUED.set(self._queued)
+    def _check_room(self, n: int) -> None:
+        if self._queue.queued + n > self.max_queued_texts:
+            raise QueueFull(f"{self._queue.queued} texts already queued")
 
-    def _take_jobs(self, line: deque[_Job], cap: int, batch: _Batch) -> None:
-        """Texts of one team's jobs into ``batch`` until it holds ``cap`` or the team has
-        none left: an equal share from each job in turn; a job with texts left goes to
-        the back of the team's line."""
-        while line and len(batch.texts) < cap:
-            in_line = len(line)
-            for k in range(in_line):
-                if len(batch.texts) >= cap:
-                    break
-                job = line.popleft()
-                left = len(job.texts) - job.next_index
-                if job.future.done():  # the caller went away (cancelled): skip its texts
-                    self._queued -= left
-                    continue
-                take = min(left, max(1, (cap - len(batch.texts)) // (in_line - k)))
-                start = job.next_index
-                batch.parts.append((job, start, len(batch.texts), take))
-                batch.texts.extend(job.texts[start : start + take])
-                job.next_index += take
-                self._queued -= take
-                if job.next_index < len(job.texts):
-                    line.append(job)
+    def _take(self, batch: Batch) -> None:
+        self._queue.fill(batch)
+        QUEUED.set(self._queue.queued)
 
-    async def _collect(self) -> _Batch:
-        while not self._teams:
+    async def _collect(self) -> Batch:
+        while not self._queue:
             self._wakeup.clear()
             await self._wakeup.wait()
-        batch = _Batch()
-        deadline = min(line[0].enqueued for line in self._teams.values()) + self.max_wait
+        batch = Batch()
+        deadline = self._queue.oldest() + self.max_wait
         self._take(batch)
-        while len(batch.texts) < self.max_batch_texts:
+        while not self._queue.full(batch):
             left = deadline - time.perf_counter()
             if left <= 0:
                 break
@@ -248,6 +202,7 @@ class DynamicBatcher:
                 for job, *_ in batch.parts:
                     QUEUE_WAIT.observe(started - job.enqueued)
                 BATCH_TEXTS.observe(len(batch.texts))
+                BATCH_TOKENS.observe(batch.tokens)
                 BATCH_REQUESTS.observe(len({id(p[0]) for p in batch.parts}))
                 if self._prep_worker is None or self._prepare is None:  # one step
                     await self._forward(batch, batch.texts)
@@ -270,7 +225,7 @@ class DynamicBatcher:
             if running is not None:
                 running.cancel()
 
-    async def _forward(self, batch: _Batch, inputs: Any) -> None:
+    async def _forward(self, batch: Batch, inputs: Any) -> None:
         """Run the encode step on the encode thread and hand every job its rows; a failure
         goes to the batch's callers, never out of here."""
         loop = asyncio.get_running_loop()
@@ -288,7 +243,7 @@ class DynamicBatcher:
         TRUNCATED.inc(int(result.truncated.sum()))
         self._scatter(batch, result)
 
-    async def _isolate(self, batch: _Batch, exc: Exception) -> None:
+    async def _isolate(self, batch: Batch, exc: Exception) -> None:
         """A batch failed: encode each of its jobs' texts on their own, so that only a job
         that fails alone gets an error (a 422 when others in the batch succeeded)."""
         jobs = list({id(job): job for job, *_ in batch.parts}.values())
@@ -301,11 +256,11 @@ class DynamicBatcher:
         FAILURES_LOG.warning(
             "isolate", "encode failed for a batch of %d requests; encoding each alone", len(jobs)
         )
-        failed: list[tuple[_Job, Exception]] = []
+        failed: list[tuple[Job, Exception]] = []
         for job in jobs:
             if job.future.done():
                 continue
-            alone = _Batch()
+            alone = Batch()
             for part_job, job_start, batch_start, count in batch.parts:
                 if part_job is job:
                     alone.parts.append((job, job_start, len(alone.texts), count))
@@ -336,12 +291,12 @@ class DynamicBatcher:
         return await loop.run_in_executor(self._worker, self._encode, inputs)
 
     @staticmethod
-    def _set_error(job: _Job, exc: Exception) -> None:
+    def _set_error(job: Job, exc: Exception) -> None:
         if not job.future.done():
             job.future.set_exception(exc)
 
     @staticmethod
-    def _scatter(batch: _Batch, result: Encoded) -> None:
+    def _scatter(batch: Batch, result: Encoded) -> None:
         for job, job_start, batch_start, count in batch.parts:
             if job.future.done():
                 continue

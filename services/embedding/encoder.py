@@ -151,6 +151,19 @@ class Encoder:
         raw = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         return np.minimum(raw, limit), raw > limit
 
+    def count(self, texts: list[str]) -> np.ndarray:
+        """Tokens per text as ``prepare`` will count them, without building the batch: the
+        Rust tokenizer alone where the fast path is on, else ``count_tokens``. The batcher
+        calls it when a request arrives, to bound each batch's tokens."""
+        if self.fast is not None:
+            return self.fast.count(texts)
+        return self.count_tokens(texts)[0]
+
+    def backend_json(self) -> str | None:
+        """The fast path's Rust tokenizer (truncation included) as JSON, for a process that
+        counts tokens without loading the model (``encoder_process``); None without it."""
+        return self.fast.backend.to_str() if self.fast is not None else None
+
     def prepare(self, texts: list[str]) -> Prepared:
         """Tokenize ``texts`` once, with the model's own preprocessing (what ``encode``
         would do), and count tokens from the attention mask. Only texts that fill the

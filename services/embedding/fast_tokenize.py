@@ -77,6 +77,12 @@ class FastTokenizer:
             return None
         return me
 
+    def count(self, texts: list[str]) -> np.ndarray:
+        """Tokens per text as ``__call__`` would give them (special tokens in, cut at
+        ``max_seq_length``), without padding or tensors: a batch's cost, known before it is
+        built."""
+        return count_with(self.backend, texts)
+
     def __call__(self, texts: list[str]) -> dict[str, Any]:
         import torch
 
@@ -95,6 +101,12 @@ class FastTokenizer:
             key: torch.from_numpy(arrays[key]) if key in arrays else self.extras[key]
             for key in self.keys
         }
+
+
+def count_with(backend: Any, texts: list[str]) -> np.ndarray:
+    """Tokens per text from a Rust tokenizer (its own truncation applies)."""
+    encodings = backend.encode_batch(texts)
+    return np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
 
 
 def same(x: dict[str, Any], y: dict[str, Any]) -> bool:

@@ -122,7 +122,9 @@ class EmbeddingHandler:
         batcher = DynamicBatcher(
             encoder.forward,
             prepare=encoder.prepare,
+            count=encoder.count,
             max_batch_texts=s.max_batch_texts,
+            token_budget=s.token_budget(encoder.device),
             max_wait_ms=s.max_wait_ms,
             max_queued_texts=s.max_queued_texts,
             team_weights=s.team_weights,
