@@ -283,3 +283,30 @@ class GraderRunResponse(ArbiterModel):
     metadata: GraderRunMetadata
     sub_rewards: dict[str, Any]
     model_grader_token_usage_per_model: dict[str, Any] = Field(default_factory=dict)
+
+
+class ChatMessage(ArbiterModel):
+    role: Literal["user", "assistant", "system", "developer"]
+    content: str = Field(max_length=MAX_TEXT_CHARS)
+
+
+class ModelGraderRequest(ArbiterModel):
+    """The judge's ``POST /v1/model_grader``: one ``score_model`` or ``label_model``
+    grader (its JSON without ``input``) and, per sample, its rendered messages."""
+
+    params: ScoreModelGrader | LabelModelGrader = Field(discriminator="type")
+    messages: list[list[ChatMessage]] = Field(min_length=1, max_length=4096)
+
+
+class ModelGraderResult(ArbiterModel):
+    score: float | None = Field(description="null: see kind and message.")
+    kind: str | None = None
+    message: str = ""
+    result: Any = Field(default=None, description="The model's own result: a number or label.")
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tokens: int = 0
+
+
+class ModelGraderResponse(ArbiterModel):
+    results: list[ModelGraderResult]

@@ -138,7 +138,7 @@ class _Backend:
     async def model(
         self, grader: ModelGrader, messages: list[list[dict[str, str]]]
     ) -> list[Outcome]:
-        params = grader.model_dump(mode="json", exclude={"input", "name"})
+        params = grader.model_dump(mode="json", exclude_none=True)
         body = json.dumps({"params": params, "messages": messages}).encode()
         result = await self.graders.post_judge(body, self.team, self.request, self.weight)
         if isinstance(result, ArbiterError):

@@ -7,9 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 
 from arbiter.proto.components import ComponentResponse
+from arbiter.proto.graders import ModelGraderRequest, ModelGraderResponse
 from arbiter.proto.judge import QualityRequest, VerifierRequest
 from arbiter.services.common.fairness import TeamDep
 from arbiter.services.common.responses import JSONBody
+from arbiter.services.judge import model_grader
 from arbiter.services.judge.scoring import Judge
 
 router = APIRouter(prefix="/v1", tags=["judge"])
@@ -34,3 +36,9 @@ async def quality(req: QualityRequest, judge: JudgeDep, team: TeamDep) -> JSONBo
 async def verifier(req: VerifierRequest, judge: JudgeDep, team: TeamDep) -> JSONBody:
     """p(Yes) / (p(Yes) + p(No)) of the judge's one-token verdict on each response."""
     return JSONBody(await judge.verifier(req, team))
+
+
+@router.post("/model_grader", response_model=ModelGraderResponse, summary="OpenAI model graders")
+async def grade_model(req: ModelGraderRequest, judge: JudgeDep, team: TeamDep) -> JSONBody:
+    """score_model / label_model graders: one judge call per sample (model_grader.py)."""
+    return JSONBody(await model_grader.grade(judge, req, team))
