@@ -43,3 +43,14 @@ def test_prepare_then_forward_equals_encode(encoder: Encoder, gsm8k_answers: lis
     b = encoder.encode(texts)
     np.testing.assert_array_equal(a.vectors, b.vectors)
     np.testing.assert_array_equal(a.tokens, b.tokens)
+
+
+def test_count_before_the_batch_equals_the_batch_tokens(
+    encoder: Encoder, gsm8k_answers: list[str]
+) -> None:
+    # the batcher's token budget counts each text when its request arrives: the same
+    # numbers the batch's tokenization gives (special tokens in, cut at the limit)
+    texts = [*gsm8k_answers[200:205], "", "x", " ".join(gsm8k_answers[50:60])]
+    counted = encoder.count(texts)
+    np.testing.assert_array_equal(counted, encoder.prepare(texts).tokens)
+    assert counted[-1] == encoder.max_seq_length

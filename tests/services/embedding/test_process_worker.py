@@ -9,6 +9,8 @@ import httpx
 import numpy as np
 import pytest
 
+from arbiter.services.embedding.encoder_process import ProcessEncoder
+from arbiter.services.embedding.settings import EmbeddingSettings
 from tests.conftest import start_service
 from tests.services.embedding.conftest import wait_ready
 
@@ -34,3 +36,16 @@ def test_process_worker_matches_thread_worker(
     assert a["usage"]["prompt_tokens"] == b["usage"]["prompt_tokens"]
     ready = httpx.get(f"{process_worker_url}/readyz").json()
     assert ready == {"ready": True, "checks": {"model": "ok"}}
+
+
+def test_process_worker_counts_tokens_as_the_model_does(gsm8k_answers: list[str]) -> None:
+    # the parent counts with the child's Rust tokenizer (sent at start, truncation
+    # included), for the token budget, without loading the model itself
+    settings = EmbeddingSettings(device="cpu")
+    texts = [*gsm8k_answers[400:404], "x", " ".join(gsm8k_answers[60:70])]
+    child = ProcessEncoder(settings)
+    try:
+        counted = child.count(texts)
+        np.testing.assert_array_equal(counted, child.encode(texts).tokens)
+    finally:
+        child.close()
