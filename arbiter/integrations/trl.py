@@ -51,7 +51,7 @@ from arbiter.client import ArbiterClient, RecipeArg, score_body
 from arbiter.errors import NotConfigured
 from arbiter.integrations.text import first_reason
 from arbiter.integrations.trl_batch import gather, rows, spans
-from arbiter.proto.gateway import ScoreError, ScoreResponse
+from arbiter.proto.gateway import GroupScore, ScoreError, ScoreResponse
 
 __all__ = [
     "ArbiterReward",
@@ -208,7 +208,7 @@ class ArbiterReward:
         lo, hi = plan.local
         per_row: dict[str, list[float | None]] = {}
         for (a, b), group in zip(plan.groups, out.groups, strict=True):
-            series = {"__total__": group.rewards, **group.components}
+            series = {"__total__": group.rewards, **group.components, **breakdown(group)}
             for name, scores in series.items():
                 column = per_row.setdefault(name, [])
                 column.extend(scores[i - a] for i in range(max(a, lo), min(b, hi)))
@@ -311,6 +311,24 @@ def _warn_nulls(result: list[float | None], errors: list[ScoreError]) -> None:
         kind,
         why[:500],
     )
+
+
+def breakdown(group: GroupScore) -> dict[str, list[float | None]]:
+    """A grader component's sub-scores (a multi grader's ``info[name]["scores"]``), each
+    as ``<component>/<sub-grader>``: logged with the components, and a ``component`` an
+    ``ArbiterReward`` can return. A response whose text the group repeats (scored once,
+    ``sent_indices``) is None there."""
+    out: dict[str, list[float | None]] = {}
+    n = len(group.rewards)
+    for name, info in group.info.items():
+        subs = info.get("scores")
+        if not isinstance(subs, list):
+            continue
+        at = info.get("sent_indices") or list(range(len(subs)))
+        for k, scores in zip(at, subs, strict=False):
+            for sub, score in (scores or {}).items():
+                out.setdefault(f"{name}/{sub}", [None] * n)[k] = score
+    return out
 
 
 def recipe_rewards(
