@@ -34,6 +34,14 @@ def budget_batcher(encode: object, **kwargs: object) -> DynamicBatcher:
     return batcher
 
 
+async def until_encoding(encoder: RecordingEncoder, batches: int) -> None:
+    """Wait until ``encoder`` has been given ``batches`` batches (10 s at most)."""
+    for _ in range(2000):
+        if len(encoder.batches) >= batches:
+            return
+        await asyncio.sleep(0.005)
+
+
 def tokens(batch: list[str]) -> int:
     return sum(len(t) for t in batch)
 
@@ -109,10 +117,7 @@ async def test_newcomer_is_in_the_next_batch_behind_a_bulk_teams_long_texts(
             )
             for r in range(30)
         ]
-        for _ in range(2000):  # until bulk's batches are running
-            if len(encoder.batches) >= 3:
-                break
-            await asyncio.sleep(0.005)
+        await until_encoding(encoder, 3)  # until bulk's batches are running
         started = len(encoder.batches)
         new = await batcher.embed([f"n{k}" for k in range(8)], team="new")
         np.testing.assert_array_equal(new.vectors, np.stack([vector_of(f"n{k}") for k in
@@ -164,13 +169,12 @@ async def test_cancelled_request_leaves_the_budgeted_queue() -> None:
     encoder = SlowEncoder()
     batcher = budget_batcher(encoder)
     try:
-        gone = asyncio.ensure_future(batcher.embed(["g" * 200 for _ in range(300)], team="a"))
-        for _ in range(2000):
-            if encoder.batches:
-                break
-            await asyncio.sleep(0.002)
+        gone = asyncio.ensure_future(batcher.embed(["g" * 200] * 300, team="a"))
+        await until_encoding(encoder, 1)
         gone.cancel()
         at_cancel = len(encoder.batches)
+        (outcome,) = await asyncio.gather(gone, return_exceptions=True)
+        assert isinstance(outcome, asyncio.CancelledError)
         kept = await batcher.embed(["kept"], team="b")
     finally:
         await batcher.stop()
