@@ -326,7 +326,9 @@ def breakdown(group: GroupScore) -> dict[str, list[float | None]]:
             continue
         at = info.get("sent_indices") or list(range(len(subs)))
         for k, scores in zip(at, subs, strict=False):
-            for sub, score in (scores or {}).items():
+            if not isinstance(scores, dict) or not isinstance(k, int) or not 0 <= k < n:
+                continue  # not a grader's breakdown
+            for sub, score in scores.items():
                 out.setdefault(f"{name}/{sub}", [None] * n)[k] = score
     return out
 
