@@ -39,6 +39,7 @@ from typing import Any
 
 from arbiter.keys import create
 from arbiter.procs import free_port, redis_process, service_process
+from bench import record
 from bench.services.gateway import RawClient, _pct, _unique, started
 from bench.services.procstat import cpu_seconds
 from bench.services.verify import load_groups
@@ -158,11 +159,9 @@ def main() -> None:
     args = ap.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     out = run(args.requests)
-    text = json.dumps(out, indent=2)
-    print(text)
+    print(json.dumps(out, indent=2))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+        record.write_result(args.json, out, indent=2)
 
 
 if __name__ == "__main__":

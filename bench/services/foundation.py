@@ -11,10 +11,10 @@ the stack shares the same cores, so other load distorts the ratios.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 
+from bench import record
 from bench.services import gateway, verify
 
 
@@ -29,7 +29,7 @@ def main() -> None:
     bc = gateway.run()
     print("## (b) gateway added latency, (c) cached hits\n" + gateway.table(bc))
     if args.json:
-        args.json.write_text(json.dumps({"verify": a, "gateway": bc}, indent=2))
+        record.write_result(args.json, {"verify": a, "gateway": bc}, indent=2)
 
 
 if __name__ == "__main__":

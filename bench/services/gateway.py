@@ -52,6 +52,7 @@ from arbiter.procs import (
     uvicorn_process,
     wait_port,
 )
+from bench import record
 from bench.services.procstat import cpu_seconds
 from bench.services.verify import load_groups
 
@@ -349,7 +350,7 @@ def main() -> None:
     logging.basicConfig(level=logging.INFO)
     result = run(args.verify_url, args.requests, args.seconds, args.clients, baseline=args.baseline)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2))
+        record.write_result(Path(args.json), result, indent=2)
         if args.plot:
             from bench.services import plots
 

@@ -47,6 +47,7 @@ from arbiter.services.judge.parsing import (
 from arbiter.services.judge.scoring import Judge
 from arbiter.services.judge.settings import JudgeSettings
 from arbiter.tiny_model import build
+from bench import record
 from bench.services.procstat import cpu_seconds
 
 log = logging.getLogger("bench.services.judge")
@@ -336,12 +337,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rounds", type=int, default=8, help="alternating rounds per side")
     p.add_argument("--base-url", default=None, help="a running OpenAI-compatible server (/v1)")
     p.add_argument("--model", default="tiny")
+    p.add_argument("--json", type=Path, default=None, help="also write the numbers here")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     res = run(a.items, a.concurrency, a.rounds, a.base_url, a.model)
     print(json.dumps(res, indent=1))
     print(table(res))
+    if a.json:
+        record.write_result(a.json, res)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import aiohttp
 
 from arbiter.procs import free_port, service_process
 from arbiter.services.sandbox.settings import SandboxSettings
+from bench import record
 from bench.services.procstat import cpu_seconds, tree, tree_cpu_seconds
 
 PRIME = (
@@ -218,7 +219,7 @@ def main() -> None:
         run(args.programs, args.workers, args.group, args.clients, args.nice, args.spare)
     )
     if args.json:
-        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        record.write_result(args.json, out, indent=2)
     if args.plot:
         from bench.services import plots
 

@@ -36,6 +36,7 @@ import aiohttp
 from arbiter.procs import free_port, service_process
 from arbiter.proto.sandbox import CodeTestsParams
 from arbiter.services.sandbox.settings import SandboxSettings
+from bench import record
 from bench.services import suite_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -263,7 +264,7 @@ def main() -> None:
             args.rows.write_text(json.dumps(rows))
     table = asyncio.run(run(rows, args.workers, args.clients))
     if args.json:
-        args.json.write_text(json.dumps({**head, **table}, indent=2) + "\n")
+        record.write_result(args.json, {**head, **table}, indent=2)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import aiohttp
 
 from arbiter import gsm8k
 from arbiter.procs import ManagedProcess, free_port, service_process
+from bench import record
 from bench.services.procstat import tree, tree_cpu_seconds
 
 log = logging.getLogger("bench.services.verify")
@@ -371,7 +372,7 @@ def main() -> None:
     )
     print(table(result))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        record.write_result(args.json, result, indent=2)
         if args.plot:
             from bench.services import plots
 
