@@ -1,6 +1,6 @@
 """``arbiter``: serve one service (``arbiter serve``), run the stack locally (``arbiter up``),
-score a file (``arbiter score``), ask the gateway (``recipes``, ``health``) and export the
-wire contract."""
+score a file (``arbiter score``), ask the gateway (``recipes``, ``health``), check OpenAI
+graders offline (``graders validate``) and export the wire contract."""
 
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     from arbiter.keys import add_commands as add_keys
 
     add_keys(sub)  # keys create|list|revoke
+    from arbiter.graders_cli import add_commands as add_graders
+
+    add_graders(sub)  # graders validate
 
     p_openapi = sub.add_parser("openapi", help="write proto/openapi/<service>.json")
     p_openapi.set_defaults(func=_cmd_openapi)
