@@ -159,11 +159,18 @@ class DynamicBatcher:
         else:  # the Rust tokenizer releases the GIL: off the event loop
             costs = await loop.run_in_executor(None, self._count, texts)
             self._check_room(len(texts))
-        job = Job(texts, costs, loop.create_future(), time.perf_counter(), remaining=len(texts))
-        self._queue.push(job, team)
+        job = Job(
+            texts, costs, loop.create_future(), time.perf_counter(), team, remaining=len(texts)
+        )
+        self._queue.push(job)
         QUEUED.set(self._queue.queued)
         self._wakeup.set()
-        return await job.future
+        try:
+            return await job.future
+        except asyncio.CancelledError:  # the caller went away: its queued texts go too
+            self._queue.cancel(job)
+            QUEUED.set(self._queue.queued)
+            raise
 
     def _check_room(self, n: int) -> None:
         if self._queue.queued + n > self.max_queued_texts:
@@ -178,7 +185,7 @@ class DynamicBatcher:
             self._wakeup.clear()
             await self._wakeup.wait()
         batch = Batch()
-        deadline = self._queue.oldest() + self.max_wait
+        deadline = self._queue.since + self.max_wait
         self._take(batch)
         while not self._queue.full(batch):
             left = deadline - time.perf_counter()
@@ -216,6 +223,7 @@ class DynamicBatcher:
                         await running
                         running = None
                     await self._isolate(batch, exc)
+                    self._queue.settle(batch)
                     continue
                 PREPARE_SECONDS.observe(time.perf_counter() - started)
                 if running is not None:  # one forward at a time, batches in order
@@ -237,6 +245,8 @@ class DynamicBatcher:
         except Exception as exc:
             await self._isolate(batch, exc)
             return
+        finally:
+            self._queue.settle(batch)
         ENCODE_SECONDS.observe(time.perf_counter() - started)
         TEXTS.inc(len(batch.texts))
         TOKENS.inc(int(result.tokens.sum()))

@@ -175,9 +175,32 @@ async def test_cancelled_request_leaves_the_budgeted_queue() -> None:
         at_cancel = len(encoder.batches)
         (outcome,) = await asyncio.gather(gone, return_exceptions=True)
         assert isinstance(outcome, asyncio.CancelledError)
+        assert batcher.queued == 0  # its queued texts left with it, not when reached
         kept = await batcher.embed(["kept"], team="b")
     finally:
         await batcher.stop()
     np.testing.assert_array_equal(kept.vectors[0], vector_of("kept"))
     assert len(encoder.batches) <= at_cancel + 3  # in flight, prepared, "kept"'s own
     assert batcher.queued == 0
+
+
+async def test_teams_share_the_encoder_by_tokens_not_texts() -> None:
+    # Both teams keep texts queued: "long" sends 100-token texts, "short" 10-token ones.
+    # Shared by tokens (the cost), each team gets about half of every batch's tokens, so
+    # "short" gets ~10x the texts; the gap stays within one run (an eighth of a batch)
+    # per batch, whatever the order they were queued in.
+    encoder = RecordingEncoder()
+    batcher = budget_batcher(encoder, max_wait_ms=20.0)
+    try:
+        await asyncio.gather(
+            batcher.embed([f"l{k:03d}" + "L" * 96 for k in range(40)], team="long"),
+            batcher.embed([f"s{k:03d}" + "S" * 6 for k in range(400)], team="short"),
+        )
+    finally:
+        await batcher.stop()
+    both = [b for b in encoder.batches if {t[0] for t in b} == {"l", "s"}]
+    assert len(both) >= 5, [len(b) for b in encoder.batches]
+    for batch in both[:5]:
+        long_tokens = sum(len(t) for t in batch if t[0] == "l")
+        short_tokens = sum(len(t) for t in batch if t[0] == "s")
+        assert abs(long_tokens - short_tokens) <= 100 + BUDGET // 8, (long_tokens, short_tokens)
