@@ -11,6 +11,7 @@ nothing leaves the machine and an offline page has nothing to wait for.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from importlib.resources import files
 
 from fastapi import FastAPI
@@ -33,32 +34,33 @@ def add_api_docs(app: FastAPI) -> None:
     app.mount(ASSETS, StaticFiles(directory=str(static)), name="api-docs-assets")
     openapi_url = app.openapi_url or "/openapi.json"
 
-    async def swagger() -> HTMLResponse:
-        return _local(
-            get_swagger_ui_html(
-                openapi_url=openapi_url,
-                title=f"{app.title} - API docs",
-                swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
-                swagger_css_url=f"{ASSETS}/swagger-ui.css",
-                swagger_favicon_url=f"{ASSETS}/favicon.png",
-            )
-        )
-
-    async def redoc() -> HTMLResponse:
-        return _local(
-            get_redoc_html(
-                openapi_url=openapi_url,
-                title=f"{app.title} - ReDoc",
-                redoc_js_url=f"{ASSETS}/redoc.standalone.js",
-                redoc_favicon_url=f"{ASSETS}/favicon.png",
-                with_google_fonts=False,
-            )
-        )
-
-    app.add_api_route("/docs", swagger, methods=["GET"], include_in_schema=False)
-    app.add_api_route("/redoc", redoc, methods=["GET"], include_in_schema=False)
+    # each page's HTML, made per request as FastAPI's own routes make it
+    pages: dict[str, Callable[[], HTMLResponse]] = {
+        "/docs": lambda: get_swagger_ui_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} - API docs",
+            swagger_js_url=f"{ASSETS}/swagger-ui-bundle.js",
+            swagger_css_url=f"{ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{ASSETS}/favicon.png",
+        ),
+        "/redoc": lambda: get_redoc_html(
+            openapi_url=openapi_url,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{ASSETS}/redoc.standalone.js",
+            redoc_favicon_url=f"{ASSETS}/favicon.png",
+            with_google_fonts=False,
+        ),
+    }
+    for path, page in pages.items():
+        app.add_api_route(path, _local(page), methods=["GET"], include_in_schema=False)
 
 
-def _local(page: HTMLResponse) -> HTMLResponse:
-    page.headers["Content-Security-Policy"] = POLICY
-    return page
+def _local(page: Callable[[], HTMLResponse]) -> Callable[[], Awaitable[HTMLResponse]]:
+    """The route serving ``page`` under the policy that keeps the browser on the service."""
+
+    async def serve() -> HTMLResponse:
+        response = page()
+        response.headers["Content-Security-Policy"] = POLICY
+        return response
+
+    return serve
