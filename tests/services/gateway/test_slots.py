@@ -48,10 +48,11 @@ ORDER_CASES = [
     ([("A", 1, 1), ("A", 2, 1), ("A", 3, 1), ("B", 1, 1)], ["A/1", "B/1", "A/2", "A/3"]),
     # then across a team's requests: A's request 1 with three calls alternates with request 2
     ([("A", 1, 1), ("A", 1, 1), ("A", 1, 1), ("A", 2, 1)], ["A/1", "A/2", "A/1", "A/1"]),
-    # a team of weight 2 gets two slots for each of B's; B, joining, waits for one of A's
+    # a team of weight 2 is charged half a slot-use per call (A/1 and A/2 cost A what B/1
+    # costs B); B, joining, waits for one of A's; ties go to the team served longest ago
     (
         [("A", 1, 2), ("A", 2, 2), ("A", 3, 2), ("B", 1, 1), ("B", 2, 1)],
-        ["A/1", "B/1", "A/2", "A/3", "B/2"],
+        ["A/1", "B/1", "A/2", "B/2", "A/3"],
     ),
 ]
 
