@@ -83,11 +83,14 @@ async def _worker(http: aiohttp.ClientSession, url: str, stop: asyncio.Event, se
         await asyncio.sleep(RETRY_S)
 
 
+def _group(n: int) -> dict[str, Any]:
+    return {"reference": str(n), "responses": [f"<answer>{n + j}</answer>" for j in range(64)]}
+
+
 async def _leavers(url: str, key: str, stop: asyncio.Event, seen: Counter[str]) -> None:
-    """Clients that go away: half a body then close; a slow request dropped after 0.3 s."""
+    """Clients that go away: half a body then close; a request dropped after 0.3 s."""
     host, port = urlsplit(url).hostname, urlsplit(url).port
-    responses = [f"\\boxed{{7^{{{123456789 + k}}}}}" for k in range(4)]
-    slow = {"recipe": "gsm8k", "groups": [{"reference": "1", "responses": responses}]}
+    rng = random.Random(8)
     async with httpx.AsyncClient(timeout=0.3, headers={"Authorization": f"Bearer {key}"}) as http:
         while not stop.is_set():
             with contextlib.suppress(OSError):
@@ -102,7 +105,9 @@ async def _leavers(url: str, key: str, stop: asyncio.Event, seen: Counter[str]) 
                 writer.close()
                 seen["left mid-body"] += 1
             with contextlib.suppress(httpx.TimeoutException):
-                r = await http.post(f"{url}/v1/score", json=slow)
+                groups = [_group(rng.getrandbits(48)) for _ in range(8)]  # 512 new responses:
+                # more than 0.3 s of work, none of it slow, so what runs on is brief
+                r = await http.post(f"{url}/v1/score", json={"recipe": "gsm8k", "groups": groups})
                 seen[f"answered {r.status_code}"] += 1
                 continue
             seen["left while scored"] += 1
