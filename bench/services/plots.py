@@ -175,34 +175,46 @@ def _size_axis(ax: Any, series: Series) -> None:
 
 
 def _title(res: dict[str, Any], path: Path, default_machine: str) -> str:
-    machine = str(res.get("machine") or default_machine).split(". ")[0][:90]
+    machine = res.get("machine") or res.get("run", {}).get("machine") or default_machine
+    machine = str(machine).split(". ")[0][:90]
     return f"{machine} — {path.relative_to(REPO) if path.is_relative_to(REPO) else path}"
+
+
+def _plot(
+    ax: Any,
+    series: Series,
+    xlabel: str,
+    ylabel: str,
+    sizes: bool = False,
+    log_y: bool = False,
+    **kw: Any,
+) -> None:
+    """``series`` as lines on ``ax``, its axes labelled, y from 0 (or on a log scale);
+    ``sizes``: the x axis is the measured sizes on a log-2 scale."""
+    _lines(ax, series, **kw)
+    if sizes:
+        _size_axis(ax, series)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if log_y:
+        ax.set_yscale("log")
+    else:
+        ax.set_ylim(bottom=0)
 
 
 def _draw_embedding(res: dict[str, Any], path: Path, out: Path) -> Path:
     fig, (ax,) = _figure(1, _title(res, path, "GPU"))
-    series = embedding_series(res)
-    _lines(ax, series)
-    _size_axis(ax, series)
-    ax.set_xlabel("batch size (texts per forward pass / per service batch)")
-    ax.set_ylabel("texts/s")
-    ax.set_ylim(bottom=0)
+    xlabel = "batch size (texts per forward pass / per service batch)"
+    _plot(ax, embedding_series(res), xlabel, "texts/s", sizes=True)
     return _save(fig, out)
 
 
 def _draw_gateway(res: dict[str, Any], path: Path, out: Path) -> Path:
     added, cached = gateway_series(res)
     fig, (a, b) = _figure(2, _title(res, path, "2-core x86 VM"))
-    for label, pts in added.items():
-        a.plot(*zip(*pts, strict=True), marker="o", linestyle="", label=label)
-    a.set_xlabel("load average before the run (2 cores)")
-    a.set_ylabel("added p50 over calling verify directly (ms)")
-    a.set_ylim(bottom=0)
-    for label, pts in cached.items():
-        b.plot(*zip(*pts, strict=True), marker="o", linestyle="", label=label)
-    b.set_xlabel("load average before the run (2 cores)")
-    b.set_ylabel("cached hits: responses/s (16 clients)")
-    b.set_ylim(bottom=0)
+    load = "load average before the run (2 cores)"
+    _plot(a, added, load, "added p50 over calling verify directly (ms)", linestyle="")
+    _plot(b, cached, load, "cached hits: responses/s (16 clients)", linestyle="")
     return _save(fig, out)
 
 
@@ -211,35 +223,26 @@ def _draw_sandbox(res: dict[str, Any], path: Path, out: Path) -> Path:
     machine = res.get("parallel_equals_cores", res).get("machine", "2-core VM")
     fig, axes = _figure(len(series), _title({"machine": machine}, path, ""))
     for ax, (workload, s) in zip(axes, series.items(), strict=True):
-        _lines(ax, s)
         ax.set_title(workload, fontsize=9)
-        _size_axis(ax, s)
-        ax.set_xlabel("programs in parallel")
-        ax.set_ylabel("programs/s")
-        ax.set_ylim(bottom=0)
+        _plot(ax, s, "programs in parallel", "programs/s", sizes=True)
     return _save(fig, out)
 
 
 def _draw_soak(res: dict[str, Any], path: Path, out: Path) -> Path:
     lat, faults = soak_series(res)
     fig, (ax,) = _figure(1, _title(res, path, f"{res.get('cpus', 2)}-core x86 VM"))
-    _lines(ax, lat, markersize=3)
+    ylabel = "latency of well-behaved clients (s)"
+    _plot(ax, lat, "seconds into the run", ylabel, markersize=3)
     for i, (service, killed, back) in enumerate(faults):
         ax.axvspan(killed, back, color=f"C{i + 2}", alpha=0.15, label=f"{service} down")
-    ax.set_xlabel("seconds into the run")
-    ax.set_ylabel("latency of well-behaved clients (s)")
-    ax.set_ylim(bottom=0)
     return _save(fig, out)
 
 
 def _draw_verify(res: dict[str, Any], path: Path, out: Path) -> Path:
     fig, (ax,) = _figure(1, _title(res, path, "2-core x86 VM"))
-    series = verify_series(res)
-    _lines(ax, series, linestyle="")
-    _size_axis(ax, series)
-    ax.set_yscale("log")
-    ax.set_xlabel("responses per request (16 clients for 8, 2 for 512)")
-    ax.set_ylabel("responses/s through HTTP")
+    xlabel = "responses per request (16 clients for 8, 2 for 512)"
+    ylabel = "responses/s through HTTP"
+    _plot(ax, verify_series(res), xlabel, ylabel, sizes=True, log_y=True, linestyle="")
     return _save(fig, out)
 
 
