@@ -44,7 +44,11 @@ def _alarm(_signum: int, _frame: Any) -> None:
 
 
 def _has_assert(node: ast.stmt) -> bool:
-    """An assert in ``node``, outside any nested function or class (those only define)."""
+    """An assert in ``node``, outside any nested function or class (those only define).
+
+    The sandbox's checker has the same rule (``services/sandbox/programs.py``); it is written
+    again here on purpose: this module is the reference the sandbox is measured against, and a
+    reference that imported the code it checks would share its mistakes."""
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         return False
     stack: list[ast.AST] = [node]
