@@ -1,7 +1,8 @@
 """Dynamic batching: coalesce texts from concurrent requests into one encode call.
 
 Each request submits its texts as one job. A single collector task takes queued texts
-until ``max_batch_texts`` are gathered or the oldest has waited ``max_wait_ms``, hands
+until ``max_batch_texts`` texts or ``token_budget`` tokens are gathered or the oldest has
+waited ``max_wait_ms``, hands
 the batch to ONE worker thread (the event loop never blocks on the model), and scatters
 the rows back: every job gets exactly its own rows, in its own order. A job larger than
 a batch is split across batches. While the worker encodes, new texts queue up and form
@@ -10,12 +11,13 @@ the next batch, so a busy service runs back-to-back full batches.
 Bounded and fair (``queue.py``): a batch holds at most ``max_batch_texts`` texts and
 ``token_budget`` tokens, counted when the request arrives (``count``, the model's Rust
 tokenizer, on a thread), so a batch of long texts is a short batch of few texts; it is
-filled fairly across teams first, then across a team's requests (weights:
-``EMBEDDING_TEAM_WEIGHTS``). So a request of 2,048 texts, or one team's 30 requests of 64
-long texts sent at once, delays another team's request by at most the batch being encoded
-and the one being prepared, each of bounded tokens, not by all of their own batches. The
-team comes from the gateway's internal header (``common.fairness.team_of``). A job whose
-caller went away (its request was cancelled) is dropped from the queue.
+filled by the one fair-share policy (``common.fairshare``), a text costing its tokens:
+teams first, then a team's requests (weights: ``EMBEDDING_TEAM_WEIGHTS``). So a request
+of 2,048 texts, or one team's 30 requests of 64 long texts sent at once, delays another
+team's request by at most the batch being encoded and the one being prepared, each of
+bounded tokens, not by all of their own batches. The team comes from the gateway's
+internal header (``common.fairness.team_of``). A job whose caller went away (its request
+was cancelled) leaves the queue at once.
 
 Isolated: when a batch fails (a text the tokenizer refuses, a fault), each of its jobs is
 encoded again on its own, so only the job that fails alone gets the error; when the
