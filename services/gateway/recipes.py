@@ -43,6 +43,12 @@ class ComponentSpec:
     version: int = 1
 
     @property
+    def metric_label(self) -> str:
+        """Its metrics' label: its name, or ``grader`` for a grader component (whose name is
+        the caller's: it must not grow the label set)."""
+        return "grader" if self.service == "graders" else self.name
+
+    @property
     def cache_name(self) -> str:
         """The name cache keys use: ``code_tests`` at version 1, ``code_tests.v2`` after
         (version 1 keeps the keys of every unchanged component as they were)."""

@@ -36,11 +36,12 @@ def group_errors(scored: Scored, g: int) -> list[dict[str, Any]]:
 
 def render(scored: Scored) -> bytes:
     out_groups = []
+    label = {c.name: c.bound.spec.metric_label for c in scored.comps}  # a grader's: "grader"
     for g, group in enumerate(scored.groups):
         rewards = scored.rewards[g]
         errors = group_errors(scored, g)
         for e in errors:
-            COMPONENT_ERRORS.labels(e["component"], e["kind"]).inc()
+            COMPONENT_ERRORS.labels(label.get(e["component"], e["component"]), e["kind"]).inc()
         out_groups.append(
             {
                 "id": group.id,

@@ -189,7 +189,7 @@ class Scorer:
         rewards, reward_errors = await run(weigh, comps, groups)
         SCORES.observe_rewards(recipe.label, (r for rs in rewards for r in rs))
         for c in comps:
-            SCORES.observe_component(c.name, (s for ss in c.scores for s in ss))
+            SCORES.observe_component(c.bound.spec.metric_label, (s for ss in c.scores for s in ss))
         elapsed = time.perf_counter() - start
         return Scored(recipe, groups, comps, merged, rewards, reward_errors, elapsed)
 

@@ -71,14 +71,22 @@ def typed(raw: dict[str, Any]) -> Any:
 
 @pytest.fixture(scope="module")
 def gateway(log_dir: Path, verify_url: str, redis_url: str) -> Iterator[str]:
+    """Gateway -> verify, the sandbox (python graders), embedding (cosine; all-MiniLM-L6-v2
+    on the CPU)."""
     sandbox, sandbox_url = start_service(
         "sandbox", log_dir, {"SANDBOX_WORKERS": "2", "SANDBOX_NICE": "0"}
     )
+    embedding, embedding_url = start_service("embedding", log_dir, {"EMBEDDING_DEVICE": "cpu"})
+    deadline = time.monotonic() + 180
+    while httpx.get(f"{embedding_url}/readyz", timeout=5).status_code != 200:
+        assert time.monotonic() < deadline, "embedding not ready in 180 s"
+        time.sleep(0.2)
     env = {"GATEWAY_VERIFY_URL": verify_url, "REDIS_URL": redis_url,
-           "GATEWAY_SANDBOX_URL": sandbox_url}  # fmt: skip
+           "GATEWAY_SANDBOX_URL": sandbox_url, "GATEWAY_EMBEDDING_URL": embedding_url}  # fmt: skip
     proc, url = start_service("gateway", log_dir, env)
     yield url
     proc.stop()
+    embedding.stop()
     sandbox.stop()
 
 
@@ -119,6 +127,18 @@ def test_run_gives_the_guides_results(
     if grader["type"] == "multi":
         assert set(out.sub_rewards) == {"name", "arguments"}, out
         assert out.metadata.scores == out.sub_rewards
+
+
+def test_cosine_compares_embeddings_from_the_embedding_service(client: openai.OpenAI) -> None:
+    grader = typed({**TEXT_SIMILARITY, "evaluation_metric": "cosine"})
+    item = {"reference_answer": "The cat sat on the mat."}
+    runs = client.fine_tuning.alpha.graders.run
+    same = runs(grader=grader, model_sample="The cat sat on the mat.", item=item)
+    near = runs(grader=grader, model_sample="A cat was sitting on the mat.", item=item)
+    far = runs(grader=grader, model_sample="Quarterly revenue rose by 4%.", item=item)
+    assert same.reward == pytest.approx(1.0, abs=1e-5), same
+    assert near.reward is not None and far.reward is not None
+    assert 1.0 > near.reward > far.reward, (near, far)
 
 
 def test_a_sample_that_is_not_json_fails_the_multi_as_the_responses_fault(
