@@ -9,7 +9,11 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from arbiter.services.embedding.settings import EmbeddingSettings
+from arbiter.services.embedding.settings import (
+    CPU_TOKEN_BUDGET,
+    GPU_TOKEN_BUDGET,
+    EmbeddingSettings,
+)
 from tests.conftest import start_service
 
 BAD_SETTINGS = [
@@ -58,3 +62,17 @@ def test_model_that_cannot_load_is_reported_not_hung(log_dir: Path) -> None:
         assert r.json()["error"]["code"] == "model_unavailable"
     finally:
         proc.stop()
+
+
+def test_batch_token_budget_by_device_unless_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    # unset: a CPU batch is bounded in time (4,096 tokens), a GPU's by 512 texts of 256
+    s = EmbeddingSettings()
+    assert s.token_budget("cpu") == CPU_TOKEN_BUDGET == 4096
+    assert s.token_budget("cuda") == s.token_budget("cuda:1") == GPU_TOKEN_BUDGET
+    monkeypatch.setenv("EMBEDDING_BATCH_TOKEN_BUDGET", "1000")
+    assert EmbeddingSettings().token_budget("cuda") == 1000
+    monkeypatch.setenv("EMBEDDING_BATCH_TOKEN_BUDGET", "0")  # off: texts only
+    assert EmbeddingSettings().token_budget("cpu") == 0
+    monkeypatch.setenv("EMBEDDING_BATCH_TOKEN_BUDGET", "-1")
+    with pytest.raises(ValidationError, match="batch_token_budget"):
+        EmbeddingSettings()
