@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from arbiter.trainer import decoder
+from bench import record
 
 LAYERS, ROWS, G, KVH, HQ, D, HIDDEN, INTER, VOCAB = 28, 256, 8, 2, 12, 128, 1536, 8960, 151936
 PROMPT, NEW = 256, 512  # prompt slots (239 tokens padded, as group_attention pads them)
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     res["attention"] = attention([int(s) for s in args.lengths.split(",")], args.reps, dev)
     res["products"] = products(args.reps, dev, args.autotune)
     out = Path(os.environ.get("OUT", ".")) / "trainer_decode_micro.json"
-    out.write_text(json.dumps(res, indent=1))
+    record.write_result(out, res)
     print(json.dumps(res))
 
 

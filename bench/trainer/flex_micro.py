@@ -19,6 +19,8 @@ from typing import Any, cast
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
+from bench import record
+
 B, KVH, G, S, D = 256, 2, 6, 512, 128
 SETTINGS: list[dict[str, Any]] = [
     {},  # torch's default for the card
@@ -64,7 +66,8 @@ def main() -> None:
     v = torch.randn(B, KVH, S, D, device="cuda", dtype=torch.bfloat16)
     valid = torch.rand(B, S, device="cuda") > 0.2
     valid[:, -1] = True
-    with (Path(os.environ.get("OUT", ".")) / "flex_micro.jsonl").open("w") as out:
+    path = Path(os.environ.get("OUT", ".")) / "flex_micro.jsonl"
+    with path.open("w") as out:
         for opts in SETTINGS:
             try:
                 r = time_setting(opts, q, k, v, valid)
@@ -72,6 +75,7 @@ def main() -> None:
                 r = {"opts": opts, "error": repr(e)[:300]}
             print(r, flush=True)
             out.write(json.dumps(r) + "\n")
+    record.write_sidecar(path)
 
 
 if __name__ == "__main__":

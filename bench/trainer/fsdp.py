@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from arbiter import gsm8k
+from bench import record
 
 REPO = Path(__file__).resolve().parents[2]
 CONFIG = REPO / "configs" / "qwen2.5-7b-gsm8k-fsdp.yaml"
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     res: dict[str, Any] = {"argv": sys.argv[1:]}
 
     def dump() -> None:
-        (a.out / f"trainer_fsdp{sfx}.json").write_text(json.dumps(res, indent=1, default=str))
+        record.write_result(a.out / f"trainer_fsdp{sfx}.json", res)
 
     t0 = time.perf_counter()
     if a.model is None:

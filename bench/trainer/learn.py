@@ -46,6 +46,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench import record
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -313,7 +315,7 @@ def main(argv: list[str] | None = None) -> None:
     res["slip_rate"] = a.slip_rate  # share of misconception demonstrations in the warm start
 
     def dump() -> None:
-        (a.out / f"trainer_learn{sfx}.json").write_text(json.dumps(res, indent=1, default=str))
+        record.write_result(a.out / f"trainer_learn{sfx}.json", res)
 
     import torch
 

@@ -20,7 +20,6 @@ each sampler call. Writes ``$OUT/trainer_sampler_probe.json`` after every part.
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 import torch._inductor.config
 
 from arbiter.trainer.sampling import SamplingParams
+from bench import record
 from bench.trainer.phases import (
     load_baseline,
     prompts,
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(a.OUT) / "trainer_sampler_probe.json"
 
     def dump() -> None:
-        out.write_text(json.dumps(res, indent=1, default=str))
+        record.write_result(out, res)
 
     tok = a.build_tokenizer()
     model = a.build_model(tok).to(dev).eval()

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from arbiter.trainer.sampling import SamplingParams
+from bench import record
 from bench.trainer.phases import (
     card_limits,
     gpu_span,
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     }
 
     def dump() -> None:
-        (out_dir / "trainer_speed.json").write_text(json.dumps(res, indent=1, default=str))
+        record.write_result(out_dir / "trainer_speed.json", res)
 
     tok = a.build_tokenizer()
     model = a.build_model(tok)

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from bench import record
 from bench.trainer.phases import load_baseline, prompts, sync, use_gsm8k
 
 CUDA = torch.cuda.is_available()
@@ -250,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
             torch.cuda.empty_cache()
         res["variants"][name] = r
         print(name, json.dumps(r), flush=True)
-        out.write_text(json.dumps(res, indent=1))
+        record.write_result(out, res)
     try:
         res["agreement"] = logprob_agreement(model, roll)
     except Exception as e:
@@ -263,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         model.eval()
         res["decode_profile"] = profile_decode(a, model, p_ids, p_mask, tok)
     res["wall_s"] = round(time.perf_counter() - t_start, 1)
-    out.write_text(json.dumps(res, indent=1))
+    record.write_result(out, res)
 
 
 if __name__ == "__main__":

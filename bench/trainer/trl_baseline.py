@@ -26,13 +26,15 @@ run cut short keeps what it measured.
 from __future__ import annotations
 
 import itertools
-import json
 import os
 import random
 import time
 import traceback
 import warnings
+from pathlib import Path
 from typing import Any
+
+from bench import record
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -89,8 +91,7 @@ R: dict[str, Any] = {"small_test": SMALL, "steps": STEPS, "warmup_steps": WARMUP
 
 
 def dump() -> None:
-    with open(os.path.join(OUT, "trl_baseline.json"), "w") as f:
-        json.dump(R, f, indent=1, default=str)
+    record.write_result(Path(OUT) / "trl_baseline.json", R)
 
 
 def build_tokenizer() -> Any:
