@@ -34,6 +34,7 @@ import httpx
 
 from arbiter import gsm8k
 from arbiter.procs import free_port, service_process
+from bench.record import write_result
 from bench.services.embedding_load import LoadGenerator
 
 log = logging.getLogger("bench.services.embedding")
@@ -314,7 +315,7 @@ def main() -> None:
             "service": {f"{m} x{w} mbt{b}": r for (m, w, b), r in runs.items()},
             "table": lines,
         }  # fmt: skip
-        args.json.write_text(json.dumps(record, indent=2))
+        write_result(args.json, record, indent=2)
         if args.plot:
             from bench.services import plots
 

@@ -43,6 +43,7 @@ import httpx
 import psutil
 
 from arbiter.procs import ManagedProcess, free_port, redis_process, service_process
+from bench.record import write_result
 from bench.services.soak_hostile import hostile
 from bench.services.soak_stack import run_on_stack
 
@@ -302,7 +303,7 @@ def main() -> None:
         print(f"t={s['t']:>5} req={s['requests']:>4} p50={s['p50_ms']} p99={s['p99_ms']} "
               f"err={s['errors']} load={s['load1']} rss_mb: {rss}")  # fmt: skip
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1) + "\n")
+        write_result(args.json, out)
         if args.plot:
             from bench.services import plots
 
