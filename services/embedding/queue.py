@@ -18,6 +18,7 @@ the batch being encoded and the one already collected, each of bounded tokens.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -89,8 +90,13 @@ class TextQueue:
     def push(self, job: Job) -> None:
         if not self._policy.queued:
             self.since = job.enqueued
-        for i, cost in enumerate(job.costs.tolist()):
-            self._policy.push(job.team, job, (job, i), cost)
+        costs = job.costs
+        if not len(costs):
+            return
+        # one push per run of equal costs (long texts, all cut at the limit, are one run)
+        edges = [0, *(np.flatnonzero(costs[1:] != costs[:-1]) + 1).tolist(), len(costs)]
+        for a, b in itertools.pairwise(edges):
+            self._policy.push_many(job.team, job, [(job, i) for i in range(a, b)], int(costs[a]))
 
     def cancel(self, job: Job) -> None:
         """Drop ``job``'s queued texts (its caller went away)."""
