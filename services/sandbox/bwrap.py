@@ -1,8 +1,8 @@
 """A sandbox's command line: ``bwrap`` around an interpreter that boots the harness.
 
 ``bwrap_argv`` builds the namespaces, mounts and environment that ``jail.py`` describes;
-``compiled_harness`` is what the interpreter reads first (``BOOT``): the in-jail files of
-``PARTS`` as one program, compiled once by the same interpreter.
+``compiled_harness`` is what the interpreter reads first (``BOOT``): the modules of
+``injail/`` (``PARTS``) as one program, compiled once by the same interpreter.
 """
 
 from __future__ import annotations
@@ -17,19 +17,19 @@ from pathlib import Path
 from arbiter.services.sandbox.packages import grader_binds
 from arbiter.services.sandbox.settings import SandboxSettings
 
-# in this order: each uses those before
+INJAIL = Path(__file__).parent / "injail"  # the code that runs inside: standard library only
+# its modules, in this order: each uses those before
 PARTS = ("harness", "zygote", "wire", "checker", "candidate", "checking", "runners")
 
 
 def _one_program() -> str:
-    """The sandbox's files as one source, in ``PARTS`` order: from each after the first,
-    its ``__future__`` import and its imports of the others (for tools and tests) dropped,
-    the rest as written."""
-    here = Path(__file__).parent
-    ours = {"__future__", *(f"{__package__}.{part}" for part in PARTS)}
+    """The modules of ``injail/`` as one source, in ``PARTS`` order: from each after the
+    first, its ``__future__`` import and its imports of the others (for tools and tests)
+    dropped, the rest as written."""
+    ours = {"__future__", *(f"{__package__}.injail.{part}" for part in PARTS)}
     sources = []
     for k, part in enumerate(PARTS):
-        text = (here / f"{part}.py").read_text()
+        text = (INJAIL / f"{part}.py").read_text()
         lines = text.split("\n")
         for node in ast.parse(text).body if k else []:
             if isinstance(node, ast.ImportFrom) and node.module in ours:

@@ -1,7 +1,7 @@
 """The bubblewrap sandboxes: zygotes started ahead of need, one job at a time each.
 
-A sandbox is ``bwrap`` (its command line: ``bwrap.py``) running the harness (``harness.py``,
-``zygote.py`` and the rest of ``bwrap.PARTS``) in new user, PID, network, IPC, UTS and
+A sandbox is ``bwrap`` (its command line: ``bwrap.py``) running the harness (the modules of
+``injail/``, joined into one program) in new user, PID, network, IPC, UTS and
 cgroup namespaces, with a read-only view of the interpreter, ``/`` and a minimal ``/dev``
 read-only, no ``/proc``, no environment, no new user namespaces inside, a new session,
 ``--die-with-parent`` and the seccomp filter of ``seccomp.py``. Its zygote keeps

@@ -35,10 +35,10 @@ from arbiter.proto.sandbox import CodeTestsRequest, PythonGraderRequest
 from arbiter.services.common.fairness import FairLimiter
 from arbiter.services.sandbox import grader
 from arbiter.services.sandbox.assemble import Wanted, extract_program, wanted
+from arbiter.services.sandbox.injail.runners import output_digest
 from arbiter.services.sandbox.jail import Pool, SandboxFailure
 from arbiter.services.sandbox.packages import JAIL_SITE
 from arbiter.services.sandbox.programs import ReferenceError_, TestPlan, parse_reference
-from arbiter.services.sandbox.runners import output_digest
 from arbiter.services.sandbox.settings import SandboxSettings
 
 log = logging.getLogger("arbiter.sandbox")

@@ -8,8 +8,8 @@ import struct
 
 import pytest
 
-from arbiter.services.sandbox.harness import dump
-from arbiter.services.sandbox.runners import same_output
+from arbiter.services.sandbox.injail.harness import dump
+from arbiter.services.sandbox.injail.runners import same_output
 from arbiter.services.sandbox.seccomp import SECCOMP_DENY, seccomp_filter
 
 

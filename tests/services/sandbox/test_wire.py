@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from arbiter.services.sandbox.wire import WIRE_DEPTH, WireError, wire_pack, wire_unpack
+from arbiter.services.sandbox.injail.wire import WIRE_DEPTH, WireError, wire_pack, wire_unpack
 
 
 @pytest.mark.parametrize(

@@ -29,8 +29,8 @@ import marshal
 import os
 import socket
 
-from arbiter.services.sandbox.harness import cut, signal  # one program in the sandbox: dropped
-from arbiter.services.sandbox.wire import WireError, wire_recv, wire_send  # dropped there too
+from arbiter.services.sandbox.injail.harness import cut, signal  # one program: dropped there
+from arbiter.services.sandbox.injail.wire import WireError, wire_recv, wire_send  # dropped
 
 
 class ProgramFailed(BaseException):

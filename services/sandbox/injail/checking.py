@@ -24,9 +24,9 @@ import select
 import socket
 import time
 
-from arbiter.services.sandbox.candidate import candidate_main  # one program: dropped there
-from arbiter.services.sandbox.checker import checker_main  # dropped there too
-from arbiter.services.sandbox.harness import (  # dropped there too
+from arbiter.services.sandbox.injail.candidate import candidate_main  # one program: dropped there
+from arbiter.services.sandbox.injail.checker import checker_main  # dropped there too
+from arbiter.services.sandbox.injail.harness import (  # dropped there too
     FRAME_LIMIT,
     Run,
     cpu_clock,
@@ -36,7 +36,7 @@ from arbiter.services.sandbox.harness import (  # dropped there too
     starved,
     sweep,
 )
-from arbiter.services.sandbox.wire import wire_send  # dropped there too
+from arbiter.services.sandbox.injail.wire import wire_send  # dropped there too
 
 
 def run_tests(job, budget):

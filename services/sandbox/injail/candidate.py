@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
-from arbiter.services.sandbox.harness import CODE_NAME, with_exit  # one program: dropped
-from arbiter.services.sandbox.wire import WireError, wire_recv, wire_send  # dropped there too
+from arbiter.services.sandbox.injail.harness import CODE_NAME, with_exit  # one program: dropped
+from arbiter.services.sandbox.injail.wire import WireError, wire_recv, wire_send  # dropped
 
 ANSWER_FD, REQUEST_FD = 3, 4
 

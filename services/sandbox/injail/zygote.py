@@ -28,7 +28,7 @@ import marshal
 import os
 import resource
 
-from arbiter.services.sandbox.harness import (  # one program in the sandbox: dropped there
+from arbiter.services.sandbox.injail.harness import (  # one program in the sandbox: dropped there
     dump,
     signal,
 )

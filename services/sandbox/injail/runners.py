@@ -20,8 +20,8 @@ import resource
 import sys
 import time
 
-from arbiter.services.sandbox.checking import run_tests  # dropped there too
-from arbiter.services.sandbox.harness import (  # one program in the sandbox: dropped there
+from arbiter.services.sandbox.injail.checking import run_tests  # dropped there too
+from arbiter.services.sandbox.injail.harness import (  # one program in the sandbox: dropped there
     Budget,
     Run,
     cpu_of,
@@ -33,7 +33,7 @@ from arbiter.services.sandbox.harness import (  # one program in the sandbox: dr
     sweep,
     with_exit,
 )
-from arbiter.services.sandbox.zygote import serve  # dropped there too
+from arbiter.services.sandbox.injail.zygote import serve  # dropped there too
 
 
 def _unlink(path):
