@@ -19,8 +19,10 @@ from typing import Any
 
 import httpx
 import pytest
+from pydantic import ValidationError
 
 from arbiter.services.sandbox.memory import process_mb
+from arbiter.services.sandbox.settings import SandboxSettings
 from tests.conftest import start_service
 from tests.services.sandbox.conftest import ENV, group
 
@@ -166,3 +168,29 @@ def test_a_graders_processes_together_stay_within_the_sandboxs_memory(
     assert error["kind"] == "grader_error" and "MemoryError" in error["message"], error
     assert largest <= GRADER_MB, f"one sandbox held {largest} MB"
     assert largest >= 4 * process_mb(GRADER_MB, 64, "grader", 4) * 0.8, largest
+
+
+# (kind, sandbox MB, processes, each process's RLIMIT_AS): /tmp 64 MB, PID 1 256 MB
+SHARES = [
+    ("tests", 2560, 8, 248),  # the default: 8 of the program's and the checker
+    ("stdio", 2560, 8, 280),  # no checker: the program's 8 alone
+    ("grader", 4096, 2, 1888),  # a grader's default
+    ("tests", 1536, 8, 135),  # this file's service
+]
+
+
+@pytest.mark.parametrize(("kind", "total", "processes", "each"), SHARES)
+def test_the_shares_add_up_to_the_sandboxs_limit(
+    kind: str, total: int, processes: int, each: int
+) -> None:
+    assert process_mb(total, 64, kind, processes) == each
+    slots = processes + (kind == "tests")
+    assert 64 + 256 + slots * each <= total < 64 + 256 + slots * (each + 1)
+
+
+def test_a_limit_too_small_to_share_is_refused_naming_it() -> None:
+    # 512 MB was the old per-process default: as a whole sandbox's it leaves 21 MB each
+    with pytest.raises(ValidationError, match="SANDBOX_MEMORY_MB=512 leaves 21 MB"):
+        SandboxSettings(memory_mb=512)
+    with pytest.raises(ValidationError, match="SANDBOX_GRADER_MEMORY_MB=1024"):
+        SandboxSettings(grader_memory_mb=1024, grader_max_processes=16)
