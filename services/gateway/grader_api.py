@@ -27,7 +27,7 @@ from arbiter.proto.graders import (
     GraderValidateRequest,
     GraderValidateResponse,
 )
-from arbiter.services.gateway.grading import row_item
+from arbiter.services.gateway.grading import check_items, row_item
 from arbiter.services.gateway.lifecycle import Lifecycle, Ticket
 from arbiter.services.gateway.scoring import Scored
 from arbiter.services.gateway.usage import tally
@@ -55,23 +55,14 @@ def _group(req: GraderRunRequest) -> ScoreGroup:
     )
 
 
-def _check_item(grader: AnyGrader, item: dict[str, Any]) -> None:
-    """Every ``{{ item.* }}`` the grader reads is in the item: else 422 naming it."""
-    for template in grader_spec.templates(grader):
-        for variable in templating.variables(template):
-            if not variable.startswith("item"):
-                continue
-            try:
-                templating.resolve(variable, {}, item)
-            except templating.MissingVariable as exc:
-                raise Unprocessable(f"item: {exc}", param="item", code="invalid_variable") from None
-
-
 async def run(lifecycle: Lifecycle, who: Principal, req: GraderRunRequest) -> GraderRunResponse:
     grader = req.grader
     grader_spec.check(grader, "grader")
     group = _group(req)
-    _check_item(grader, row_item(group.model_dump()))
+    try:  # the item's variables, before any work: 422 naming the one it lacks
+        check_items(grader, [row_item(group.model_dump())])
+    except templating.MissingVariable as exc:
+        raise Unprocessable(f"item: {exc}", param="item", code="invalid_variable") from None
     raw = grader.model_dump(mode="json", exclude_none=True)
     recipe = Recipe(components=[RecipeComponent(name=COMPONENT, grader=raw)])
     ticket = await lifecycle.admit(who, recipe, 1, param="grader")

@@ -35,7 +35,7 @@ from arbiter.services.gateway.fanout import CallResult, ComponentClient
 from arbiter.services.gateway.recipes import COMPONENTS, ComponentSpec, ResolvedRecipe
 from arbiter.services.graders import spec as grader_spec
 from arbiter.services.graders.engine import Outcome, Row, grade
-from arbiter.services.graders.templating import MissingVariable
+from arbiter.services.graders.templating import MissingVariable, resolve, variables
 from arbiter.services.sandbox import grader as openai_shapes
 
 GRADERS = "graders"  # the service of a grader component: this gateway itself
@@ -57,6 +57,16 @@ def needed(recipe: ResolvedRecipe) -> list[ComponentSpec]:
             path = {"sandbox": "/v1/python_grader", "embedding": COSINE.path}.get(service, "")
             out.append(ComponentSpec(b.spec.name, service, path, "response", object))  # type: ignore[arg-type]
     return out
+
+
+def check_items(grader: Any, items: list[dict[str, Any]]) -> None:
+    """MissingVariable for the first ``{{ item.* }}`` of ``grader`` an item lacks."""
+    wanted = [
+        v for t in grader_spec.templates(grader) for v in variables(t) if v.startswith("item")
+    ]
+    for item in items if wanted else []:
+        for variable in wanted:
+            resolve(variable, {}, item)
 
 
 def row_item(group: dict[str, Any]) -> dict[str, Any]:
@@ -190,13 +200,14 @@ class LocalGraders:
             for g, group in enumerate(groups)
             for text in group["responses"]
         ]
+        try:  # every item variable, before any work: a row without one is the caller's 422
+            check_items(grader, [row.item for row in rows])
+        except MissingVariable as exc:
+            return Unprocessable(str(exc), param="grader", code="invalid_variable")
         if sent is not None:
             sent()
         backend = _Backend(self, groups, team, request, weight)
-        try:
-            outcomes = await grade(grader, rows, backend)
-        except MissingVariable as exc:
-            return Unprocessable(str(exc), param="grader", code="invalid_variable")
+        outcomes = await grade(grader, rows, backend)
         return _response(spec.name, groups, outcomes, backend.usage)
 
     async def embed(
