@@ -14,7 +14,7 @@ the other, each by teams of its own:
 - **flood while Redis stalls** (``soak_flood``): a 120/min team floods with one-sample
   OpenRLHF requests, both Redis stopped (SIGSTOP) for 8 s in the middle, clients of another
   team leaving mid-body and mid-scoring. Bounds: answered at most the quota + 10 %; the
-  ledger equal to the answered requests once Redis is back; no 5xx added.
+  ledger equal to the answered requests once Redis is back; no 5xx added by the leavers.
 - **storage filler**: a team stores idempotent answers (cache hits, a new
   ``Idempotency-Key`` each) as fast as it can. Bounds: no key of another team's state
   (ledgers, quotas, stored answers) lost or changed, nothing evicted from the state Redis,

@@ -7,8 +7,9 @@ some in the middle of sending a body, some while their request is being scored.
 
 Bounds, checked by the caller: answered (200) at most the quota over the flood + 10 %
 (a full bucket of ``RPM`` plus its refill), the ledger's requests equal to the answered
-ones once Redis is back, and no 5xx from the disconnects (the gateway's own request
-counter, ``arbiter_http_request_seconds``, before and after).
+ones once Redis is back, and no 5xx from the disconnects: none added on any route but the
+flooder's (the gateway's own request counter, ``arbiter_http_request_seconds``, before and
+after; the flooder's own 5xx, a component's timeout answered 504, are among its answers).
 """
 
 from __future__ import annotations
@@ -33,26 +34,26 @@ RPM = 120  # the flooding team's responses_per_minute
 SLACK = 0.10  # answered may pass the quota by this fraction, no more
 LEDGER_WAIT_S = 30.0  # after Redis is back, the ledger must match within this
 RETRY_S = 1.0  # OpenRLHF retries a failed reward call 1 s later
+ROUTE = "/v1/compat/openrlhf/{recipe}"  # the flooder's route (template); leavers': /v1/score
 PROMPT = "<|im_start|>user\nq {n}: what is {a} + {b}?<|im_end|>\n<|im_start|>assistant\n"
 
 
-async def request_counts(url: str, admin: str) -> dict[str, float]:
-    """The gateway's answered requests by status class, from its /metrics: ``5xx`` and
-    ``499`` (client closed) summed over every route."""
+async def request_counts(url: str, admin: str) -> Counter[str]:
+    """From the gateway's /metrics: its answers by ``<status> <route>`` (499: the client
+    closed), and ``idempotency_dropped``."""
     async with httpx.AsyncClient(timeout=30) as http:
         r = await http.get(f"{url}/metrics", headers={"Authorization": f"Bearer {admin}"})
     r.raise_for_status()
-    out = {"5xx": 0.0, "499": 0.0, "idempotency_dropped": 0.0}
+    out: Counter[str] = Counter()
     for family in text_string_to_metric_families(r.text):
         for s in family.samples:
-            if s.name == "arbiter_http_request_seconds_count":
-                status = s.labels.get("status", "")
-                if s.labels.get("service") == "gateway" and status.startswith("5"):
-                    out["5xx"] += s.value
-                if status == "499":
-                    out["499"] += s.value
+            if (
+                s.name == "arbiter_http_request_seconds_count"
+                and s.labels.get("service") == "gateway"
+            ):
+                out[f"{s.labels.get('status')} {s.labels.get('route')}"] += int(s.value)
             elif s.name == "arbiter_gateway_idempotency_dropped_total":
-                out["idempotency_dropped"] += s.value
+                out["idempotency_dropped"] += int(s.value)
     return out
 
 
@@ -170,8 +171,12 @@ async def flood(up: Up, keys: dict[str, str], clients: int, seconds: float,
         "ledger_requests": ledger.get("requests"),
         "ledger_rate_limited": ledger.get("rate_limited"),
         "leavers": dict(left),
-        "gateway_5xx_added": after["5xx"] - before["5xx"],
-        "gateway_499_added": after["499"] - before["499"],
+        # The flooder's own 5xx are among its answers above (a component's timeout is a 504);
+        # a 5xx on any other route is the leavers': a disconnect counted as a server error.
+        "gateway_5xx_added": {k: n for k, n in (after - before).items() if k.startswith("5")},
+        "leavers_5xx_added": sum(n for k, n in (after - before).items()
+                                 if k.startswith("5") and not k.endswith(ROUTE)),
+        "gateway_499_added": sum(n for k, n in (after - before).items() if k.startswith("499")),
     }  # fmt: skip
 
 
@@ -186,7 +191,7 @@ def checks(out: dict[str, Any]) -> list[tuple[bool, str]]:
          f"flood: ledger {out['ledger_requests']} requests vs {out['answered']} answered "
          f"(must match within {LEDGER_WAIT_S:.0f} s of Redis returning)"),
         (out["answers"].get("wrong", 0) == 0, f"flood: {out['answers'].get('wrong', 0)} wrong"),
-        (out["gateway_5xx_added"] == 0 and left > 0,
-         f"flood: {out['gateway_5xx_added']:.0f} 5xx added while {left} clients left "
-         f"({out['gateway_499_added']:.0f} answered 499); bound 0"),
+        (out["leavers_5xx_added"] == 0 and left > 0,
+         f"flood: {out['leavers_5xx_added']} 5xx added outside the flooder's route while "
+         f"{left} clients left ({out['gateway_499_added']} answered 499); bound 0"),
     ]  # fmt: skip
