@@ -190,11 +190,15 @@ class FairShare(Generic[T]):
         self.queued += n
         r.queued += n
         t.queued += n
-        if r.queued == n:  # the request joins its team's line
-            r.floor, r.seq = t.vtime, r.seq if r.inflight else next(self._seq)
+        # The request, and the team, join at max(F, V): history forgotten. Items handed
+        # back (``front``) while others of theirs run never left: they keep their place.
+        if r.queued == n:
+            r.floor = r.floor if front and r.inflight else t.vtime
+            r.seq = r.seq if r.inflight else next(self._seq)
             _enter(t.heap, r, len(t.requests))
-        if t.queued == n:  # the team joins at max(F, V): history forgotten
-            t.floor, t.seq = self.vtime, t.seq if t.inflight else next(self._seq)
+        if t.queued == n:
+            t.floor = t.floor if front and t.inflight else self.vtime
+            t.seq = t.seq if t.inflight else next(self._seq)
             _enter(self._heap, t, len(self._teams))
 
     def _team(self, name: str, weight: float | None) -> _Team[T]:
