@@ -28,6 +28,7 @@ class RecipeComponent(ArbiterModel):
     params: JsonObject = Field(default_factory=dict)
     grader: JsonObject | None = Field(
         default=None,
+        exclude_if=lambda v: v is None,  # absent, not null, from every other component
         description="An OpenAI grader's JSON (string_check, text_similarity, python, "
         "score_model, label_model, multi; docs/services/graders.md): the component is that "
         "grader, `name` is its name in the answer and `params` must be empty.",
