@@ -299,3 +299,25 @@ def test_canonical_solutions_pass_their_own_tests(code_gateway: str, tmp_path: P
                  "--output", str(out), "--url", code_gateway, "--quiet"])  # fmt: skip
     assert code == 0
     assert {r["id"]: r["rewards"] for r in read(out)} == {"HumanEval/900": [1.0], "901": [1.0]}
+
+
+def test_a_recipe_with_an_openai_grader_scores_from_a_file(
+    gateway_url: str, tmp_path: Path
+) -> None:
+    # a string_check grader beside a built-in component (docs/services/graders.md)
+    says_it = {
+        "type": "string_check",
+        "name": "says it",
+        "operation": "ilike",
+        "input": "{{ sample.output_text }}",
+        "reference": "answer is {{ item.reference }}",
+    }
+    recipe = {"components": [{"name": "math_accuracy"},
+                             {"name": "says_it", "weight": 0.5, "grader": says_it}]}  # fmt: skip
+    path = tmp_path / "recipe.json"
+    path.write_text(json.dumps(recipe))
+    src, out = write(tmp_path / "in.jsonl", [group(1)]), tmp_path / "out.jsonl"
+    assert score(gateway_url, src, out, "--recipe", str(path)) == 0
+    row = read(out)[0]
+    assert row["components"]["says_it"] == [0.0, 1.0, 0.0]  # only BARE says "answer is 18"
+    assert row["rewards"] == [1.0, 1.5, 0.0]
