@@ -5,6 +5,7 @@ gateway. The examples are the OpenAI graders guide's, with its expected results.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from rapidfuzz import fuzz
 
 from tests.conftest import start_service
 
@@ -70,7 +72,9 @@ def typed(raw: dict[str, Any]) -> Any:
 
 
 @pytest.fixture(scope="module")
-def gateway(log_dir: Path, verify_url: str, redis_url: str) -> Iterator[str]:
+def gateway(
+    log_dir: Path, verify_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     """Gateway -> verify, the sandbox (python graders), embedding (cosine; all-MiniLM-L6-v2
     on the CPU)."""
     sandbox, sandbox_url = start_service(
@@ -81,8 +85,12 @@ def gateway(log_dir: Path, verify_url: str, redis_url: str) -> Iterator[str]:
     while httpx.get(f"{embedding_url}/readyz", timeout=5).status_code != 200:
         assert time.monotonic() < deadline, "embedding not ready in 180 s"
         time.sleep(0.2)
+    recipes = tmp_path_factory.mktemp("graders") / "recipes.yaml"
+    recipes.write_text(json.dumps({"recipes": [{"name": "mixed", "components": [
+        {"name": "mixed", "grader": MIXED}]}]}))  # fmt: skip
     env = {"GATEWAY_VERIFY_URL": verify_url, "REDIS_URL": redis_url,
-           "GATEWAY_SANDBOX_URL": sandbox_url, "GATEWAY_EMBEDDING_URL": embedding_url}  # fmt: skip
+           "GATEWAY_SANDBOX_URL": sandbox_url, "GATEWAY_EMBEDDING_URL": embedding_url,
+           "GATEWAY_RECIPES_FILE": str(recipes)}  # fmt: skip
     proc, url = start_service("gateway", log_dir, env)
     yield url
     proc.stop()
@@ -273,3 +281,15 @@ def test_a_bad_grader_component_is_422(gateway: str, component: Any, param: str)
     r = httpx.post(f"{gateway}/v1/score", json=body, timeout=60)
     assert r.status_code == 422, r.text
     assert r.json()["error"]["param"] == param, r.text
+
+
+def test_a_named_recipe_of_graders_scores_through_a_compat_route(gateway: str) -> None:
+    """OpenRLHF's remote reward: the sample's text after its prompt, the label as the
+    group's reference (the graders' {{ item.reference }})."""
+    prompt = f"Capital of France? {time.monotonic_ns()} "
+    body = {"query": [prompt + "Paris", prompt + "Lyon"], "prompts": [prompt] * 2,
+            "labels": ["Paris"] * 2}  # fmt: skip
+    r = httpx.post(f"{gateway}/v1/compat/openrlhf/mixed", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    lyon = fuzz.ratio("Lyon", "Paris") / 100  # exact 0, py 0
+    assert r.json()["rewards"] == pytest.approx([1.0, lyon / 3]), r.text
