@@ -131,7 +131,12 @@ async def grade(grader: AnyGrader, rows: list[Row], backend: Backend) -> list[Ou
             todo = [p for p in pairs if not isinstance(p, Outcome)]
             done = iter(await backend.embed_cosine(todo) if todo else [])
             return [p if isinstance(p, Outcome) else next(done) for p in pairs]
-        if len(rows) >= THREAD_ROWS:
+        # a big batch, or a metric whose library loads on this call (seconds), leaves the
+        # event loop for a worker thread
+        cold = isinstance(grader, TextSimilarityGrader) and not similarity.loaded(
+            grader.evaluation_metric
+        )
+        if cold or len(rows) >= THREAD_ROWS:
             return await asyncio.to_thread(_local, grader, rows)
         return _local(grader, rows)
     if isinstance(grader, PythonGrader):

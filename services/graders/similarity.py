@@ -16,14 +16,17 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from nltk.tokenize import wordpunct_tokenize
-from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
-from nltk.translate.gleu_score import sentence_gleu
-from rapidfuzz import fuzz
-from rouge_score import rouge_scorer
-
-_SMOOTH = SmoothingFunction().method1
+# The libraries load on first use: nltk and rouge-score take seconds to import, which every
+# gateway start would pay whether or not a recipe uses text_similarity.
 ROUGE = {f"rouge_{n}": f"rouge{n}" for n in (1, 2, 3, 4, 5)} | {"rouge_l": "rougeL"}
+
+
+def loaded(metric: str) -> bool:
+    """Whether ``metric``'s library is imported already (else the first call imports it)."""
+    import sys
+
+    module = {"fuzzy_match": "rapidfuzz", "bleu": "nltk", "gleu": "nltk"}.get(metric, "rouge_score")
+    return module in sys.modules
 
 
 def string_check(operation: str, text: str, reference: str) -> float:
@@ -40,19 +43,27 @@ def string_check(operation: str, text: str, reference: str) -> float:
 
 @cache
 def _rouge(kind: str) -> Any:
+    from rouge_score import rouge_scorer
+
     return rouge_scorer.RougeScorer([kind])
 
 
 def similarity(metric: str, text: str, reference: str) -> float:
     """``text`` against ``reference`` by ``metric`` (not ``cosine``), in [0, 1]."""
     if metric == "fuzzy_match":
+        from rapidfuzz import fuzz
+
         return float(fuzz.ratio(text, reference)) / 100.0
     if metric in ("bleu", "gleu"):
+        from nltk.tokenize import wordpunct_tokenize
+        from nltk.translate.bleu_score import SmoothingFunction, sentence_bleu
+        from nltk.translate.gleu_score import sentence_gleu
+
         hyp, ref = wordpunct_tokenize(text), wordpunct_tokenize(reference)
         if not hyp or not ref:
             return float(hyp == ref)
         if metric == "bleu":
-            return float(sentence_bleu([ref], hyp, smoothing_function=_SMOOTH))
+            return float(sentence_bleu([ref], hyp, smoothing_function=SmoothingFunction().method1))
         return float(sentence_gleu([ref], hyp))
     if metric in ROUGE:
         kind = ROUGE[metric]
