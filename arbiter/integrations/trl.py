@@ -49,9 +49,10 @@ from typing import Any
 
 from arbiter.client import ArbiterClient, RecipeArg, score_body
 from arbiter.errors import NotConfigured
+from arbiter.integrations.breakdown import breakdown
 from arbiter.integrations.text import first_reason
 from arbiter.integrations.trl_batch import gather, rows, spans
-from arbiter.proto.gateway import GroupScore, ScoreError, ScoreResponse
+from arbiter.proto.gateway import ScoreError, ScoreResponse
 
 __all__ = [
     "ArbiterReward",
@@ -311,26 +312,6 @@ def _warn_nulls(result: list[float | None], errors: list[ScoreError]) -> None:
         kind,
         why[:500],
     )
-
-
-def breakdown(group: GroupScore) -> dict[str, list[float | None]]:
-    """A grader component's sub-scores (a multi grader's ``info[name]["scores"]``), each
-    as ``<component>/<sub-grader>``: logged with the components, and a ``component`` an
-    ``ArbiterReward`` can return. A response whose text the group repeats (scored once,
-    ``sent_indices``) is None there."""
-    out: dict[str, list[float | None]] = {}
-    n = len(group.rewards)
-    for name, info in group.info.items():
-        subs = info.get("scores")
-        if not isinstance(subs, list):
-            continue
-        at = info.get("sent_indices") or list(range(len(subs)))
-        for k, scores in zip(at, subs, strict=False):
-            if not isinstance(scores, dict) or not isinstance(k, int) or not 0 <= k < n:
-                continue  # not a grader's breakdown
-            for sub, score in scores.items():
-                out.setdefault(f"{name}/{sub}", [None] * n)[k] = score
-    return out
 
 
 def recipe_rewards(

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arbiter.client import ArbiterClient
+from arbiter.integrations.breakdown import breakdown
 from arbiter.integrations.text import first_reason, prompt_text
 from arbiter.proto.gateway import ScoreError, ScoreResponse
 
@@ -151,7 +152,7 @@ def results(
         group = out.groups[g]
         total = group.rewards[j]
         row: dict[str, Any] = {"score": masked_score if total is None else total}
-        for name, scores in group.components.items():
+        for name, scores in {**group.components, **breakdown(group)}.items():
             row[name] = math.nan if scores[j] is None else scores[j]
         row["arbiter_masked"] = 1.0 if total is None else 0.0
         rows.append(row)
