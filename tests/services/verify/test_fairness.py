@@ -135,6 +135,39 @@ async def test_another_team_waits_for_the_running_items_not_for_a_flooding_team(
     assert ran <= 1 + MIN_SHARE, f"b's item waited for {ran:.0f} items ({queued:.0f} queued)"
 
 
+async def test_a_team_with_history_is_not_starved_by_a_newcomer(one_worker_url: str) -> None:
+    # The main training job has used the pool the most (here one STUCK item: PLUG_DEADLINE_S
+    # of worker time, more than all of the newcomer's items below) and the pool has
+    # drained. A newcomer then queues 15 requests of 8 slow LaTeX answers, and the main
+    # job sends one correct response: it joins at the global virtual time the newcomer
+    # joined at, so it leads the next chunk and waits for the newcomer's running items,
+    # at most one run. Charged by history (each team's worker time, a newcomer starting
+    # from 0), it waited for all of the newcomer's 120 items and came back null (timeout).
+    url = one_worker_url
+    slow = [f"<answer>\\sin^2(x+{i})+\\cos^2(x+{i})</answer>" for i in range(MIN_SHARE)]
+    main, newcomer = {TEAM_HEADER: "main"}, {TEAM_HEADER: "newcomer"}
+    async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+        history = await client.post("/v1/math", json=_body("3", [STUCK]), headers=main)
+        assert history.json()["groups"][0]["scores"] == [None]  # killed at its deadline
+        await _settle(url)
+        flood = [
+            asyncio.create_task(client.post("/v1/math", json=_body("1", slow), headers=newcomer))
+            for _ in range(15)
+        ]
+        for _ in range(600):  # until the newcomer's items wait (4 chunks go to the worker)
+            if await asyncio.to_thread(metric, url, "verify_pool_items_queued") >= 15 * 8 - 32:
+                break
+            await asyncio.sleep(0.02)
+        ran0 = await asyncio.to_thread(metric, url, "verify_pool_items_run_total")
+        r = await client.post("/v1/math", json=_body("2", ["<answer>2</answer>"]), headers=main)
+        ran = await asyncio.to_thread(metric, url, "verify_pool_items_run_total") - ran0
+        assert r.json()["groups"][0]["scores"] == [1.0]
+        assert sum(t.done() for t in flood) < 15  # the newcomer is still being served
+        await asyncio.gather(*flood)
+    # its own item and at most one run of the newcomer's
+    assert ran <= 1 + MIN_SHARE, f"the main job's item waited for {ran:.0f} items"
+
+
 async def test_disconnected_client_items_not_run(strict_url: str) -> None:
     # A client sends 30 stuck items and hangs up after a second: the two items running
     # by then finish at their deadline; the other 28 are dropped, never run.
