@@ -4,10 +4,10 @@
 the server takes it) and maps overall 1..scale to [0, 1]. ``judge_verifier`` asks for a
 one-token Yes/No verdict and reads p(Yes) / (p(Yes) + p(No)) from the top log-probs.
 Every item is one chat completion; items run concurrently, at most
-``JUDGE_MAX_CONCURRENCY`` at once, admitted round-robin across teams, then across each
-team's requests (``common.fairness.FairLimiter``): a team that sends 70 requests of 1,000
-items does not hold another team's items behind its own; they wait for at most one slot
-to free per team ahead. An item's deadline, ``JUDGE_TIMEOUT_S``,
+``JUDGE_MAX_CONCURRENCY`` at once, admitted by the one fair-share policy, teams first,
+then each team's requests (``common.fairness.FairLimiter``, charged in calls): a team that
+sends 70 requests of 1,000 items does not hold another team's items behind its own; they
+wait for at most one call per other team. An item's deadline, ``JUDGE_TIMEOUT_S``,
 counts from its request's arrival, waiting for a slot included. A failure nulls that item
 with its kind; it never fails the batch. A cancelled request (its client went away)
 leaves the line and cancels its calls in flight.

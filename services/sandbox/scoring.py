@@ -3,10 +3,10 @@
 Importable without FastAPI. ``Runner`` is built once at start-up (it owns the pool of
 started sandboxes). Each response is one job in one sandbox: its program against all of
 its group's tests, or the grader once. At most ``SANDBOX_WORKERS`` jobs run at once,
-admitted round-robin across teams, then across each team's requests
-(``common.fairness.FairLimiter``): another team's response waits for at most one job per
-team ahead of it. A cancelled request (its client left) leaves the line and kills its
-running sandboxes.
+admitted by the one fair-share policy, teams first, then each team's requests
+(``common.fairness.FairLimiter``, charged in programs): another team's response waits for
+at most one job per other team. A cancelled request (its client left) leaves the line and
+kills its running sandboxes.
 
 What is whose fault. The response's own failures (a syntax error, an exception, a
 timeout, memory, the output limit, a fork bomb) fail the tests they hit and score what
