@@ -89,9 +89,9 @@ class ServiceSettings(BaseSettings):
     team_weights: dict[str, int] = Field(
         default_factory=dict,
         description="Fair share across teams (the gateway names the team of each call): "
-        'slots per turn by team name, as JSON, e.g. {"rl-core": 2}; a team not named has '
-        "weight 1. Work waiting in this service is shared round-robin across teams first, "
-        "then across each team's requests.",
+        'weights by team name, as JSON, e.g. {"rl-core": 2}; a team not named has weight 1. '
+        "Work waiting in this service is shared by one fair-share policy, teams first, then "
+        "each team's requests; a team of weight w gets w times the share of weight 1.",
     )
 
     @model_validator(mode="after")
