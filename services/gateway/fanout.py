@@ -156,7 +156,7 @@ class ComponentClient:
         weight: int = 1,
     ) -> CallResult:
         """POST ``body`` in ``team``'s share of the slots (``request``: the scoring call it
-        belongs to; ``weight``: the team's slots per turn); ``sent`` is called once the
+        belongs to; ``weight``: the team's weight, its share); ``sent`` is called once the
         call holds a slot and goes out."""
         url = self.url(spec)
         if url is None:
