@@ -78,13 +78,13 @@ class Ticket:
     def add_charge(self, seconds: float) -> None:
         """Worker time this request's items took: charged to it and to its team."""
         self.charge += seconds
-        self._queue.observe(self, seconds)
+        self._queue.charge(self, seconds)
 
     def settle(self, index: int) -> None:
         """Item ``index`` is no longer in flight: its estimate is given back."""
         if index in self.running:
             self.running.discard(index)
-            self._queue.policy.adjust(self.team, self, -self.estimate, done=1)
+            self._queue.charge(self, -self.estimate, done=1)
 
     def answer(self, index: int, result: Scored) -> None:
         """Item ``index``'s result (the first one given counts)."""
@@ -116,6 +116,10 @@ class FairQueue:
     def __init__(self, weights: Mapping[str, int] | None = None) -> None:
         self.policy: FairShare[int] = FairShare(weights, max_idle=MAX_TEAMS)
         self.estimate = FIRST_ESTIMATE_S  # worker seconds per item, a moving average
+        # Charges and items out of flight per request, given to the policy at once before
+        # it is next asked or told anything: one call per request and chunk, not two per
+        # item (at 13 µs an item on the fast path, they cost as much as the item).
+        self._pending: dict[Ticket, list[float]] = {}
 
     @property
     def queued(self) -> int:
@@ -125,17 +129,32 @@ class FairQueue:
     def submit(self, items: list[Item], team: str = "") -> Ticket:
         """Queue one request's items; ``ticket.done`` resolves once all have results."""
         ticket = Ticket(items, asyncio.get_running_loop().create_future(), team, self)
+        self._flush()
         if items:
             self.policy.push_many(team, ticket, range(len(items)), ticket.estimate)
         return ticket
 
-    def observe(self, ticket: Ticket, seconds: float) -> None:
-        """Charge ``seconds`` of worker time to ``ticket`` and learn the estimate from it."""
-        self.policy.adjust(ticket.team, ticket, seconds)
-        self.estimate += ESTIMATE_WEIGHT * (seconds - self.estimate)
+    def charge(self, ticket: Ticket, seconds: float, done: int = 0) -> None:
+        """Charge ``seconds`` to ``ticket`` (a refund when negative) and take ``done`` of its
+        items out of flight; a measured item's time (positive, not done) is learned from."""
+        pending = self._pending.get(ticket)
+        if pending is None:
+            self._pending[ticket] = [seconds, done]
+        else:
+            pending[0] += seconds
+            pending[1] += done
+        if seconds > 0:
+            self.estimate += ESTIMATE_WEIGHT * (seconds - self.estimate)
+
+    def _flush(self) -> None:
+        if self._pending:
+            for ticket, (seconds, done) in self._pending.items():
+                self.policy.adjust(ticket.team, ticket, seconds, int(done))
+            self._pending.clear()
 
     def cancel(self, ticket: Ticket) -> None:
         """Drop the request's queued items; its results are no longer wanted."""
+        self._flush()
         ITEMS_DROPPED.inc(len(self.policy.cancel(ticket.team, ticket)))
         ticket.cancelled = True
         if not ticket.done.done():
@@ -145,6 +164,7 @@ class FairQueue:
         """Up to ``n`` items, in runs of up to ``MIN_SHARE`` of one request, each run from
         the request the policy serves next (see the module docstring)."""
         chunk: list[Job] = []
+        self._flush()
         while len(chunk) < n:
             grant = self.policy.pop(min(MIN_SHARE, n - len(chunk)))
             if grant is None:
@@ -164,6 +184,7 @@ class FairQueue:
 
     def requeue(self, jobs: list[Job]) -> None:
         """Put jobs back at the head of their own request's queue (order kept)."""
+        self._flush()
         for job in reversed(jobs):
             ticket = job.ticket
             if not job.answered:
@@ -177,3 +198,4 @@ class FairQueue:
         failed: Scored = (result, "failed", None)
         for _, ticket, index in self.policy.clear():
             cast(Ticket, ticket).answer(index, failed)
+        self._flush()
