@@ -39,25 +39,25 @@ and checks that each runs (no recorded figures: CPU times in CI are noise); CI r
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from arbiter import gsm8k
 from bench.device.regress_common import (
-    DEADLINE,
     REPO,
     Rules,
+    accuracies,
+    begin,
     card,
     guarded,
+    learn_run,
+    options,
     pct,
     read,
     report,
     run,
-    steady_median,
     verdict_rows,
 )
 
@@ -100,44 +100,29 @@ def verdicts(a: argparse.Namespace, got: dict[str, Any], rec: dict[str, Any]) ->
 
 
 def part_learn(a: argparse.Namespace, out: dict[str, Any]) -> None:
-    o = a.out / "learn"
-    cmd = [sys.executable, "-m", "bench.trainer.learn", "--work", str(a.work / "learn"),
-           "--out", str(o), "--corpus", str(a.corpus), "--steps", str(a.learn_steps),
-           "--compare-steps", "0", "--tag", "regress"]  # fmt: skip
+    args = ["--steps", str(a.learn_steps)]
     if a.small:  # tiny shapes: the same code paths on two CPU cores
-        cmd += ["--hidden", "64", "--layers", "2", "--heads", "1", "--sft-steps", "20",
-                "--sft-check-every", "0", "--verify-workers", "2", "--timeout", "100",
-                "rollouts_per_step=16", "group_size=8", "micro_batch_size=8",
-                "max_new_tokens=12", "eval_problems=16", f"eval_every={a.learn_steps}"]  # fmt: skip
+        args += ["--hidden", "64", "--layers", "2", "--heads", "1", "--sft-steps", "20",
+                 "--sft-check-every", "0", "--verify-workers", "2", "--timeout", "100",
+                 "rollouts_per_step=16", "group_size=8", "micro_batch_size=8",
+                 "max_new_tokens=12", "eval_problems=16"]  # fmt: skip
     else:
-        cmd += ["--timeout", "370", f"eval_every={a.learn_steps}"]  # held-out: before and after
-    rc = run(cmd, a.out / "learn.log", 140 if a.small else 420, a.env.get("learn"))
-    res = read(o / "trainer_learn_regress.json").get("grpo", {})
-    out["learn"] = {
-        "rc": rc if rc else res.get("rc", "no result"),
-        "steps": res.get("steps", 0),
-        "accuracy_before": pct(res.get("accuracy_before")),
-        "accuracy_after": pct(res.get("accuracy_after")),
-        "s_per_step": steady_median(o / "metrics-learn_regress.jsonl"),
-    }
+        args += ["--timeout", "370"]
+    args.append(f"eval_every={a.learn_steps}")  # held-out: before and after
+    timeout = 140 if a.small else 420
+    r = learn_run(a, "learn", args, timeout, a.env.get("learn"), tag="regress")
+    out["learn"] = {"rc": r["rc"], "steps": r["steps"], **accuracies(r["grpo"]),
+                    "s_per_step": r["s_per_step"]}  # fmt: skip
 
 
 def _learn_setting(
     a: argparse.Namespace, part: str, extra: list[str], gpu_timeout: int
 ) -> dict[str, Any]:
-    """``bench.trainer.learn`` with ``extra`` (its own warm start and services), tag ``part``;
-    its JSON summary's ``grpo`` plus rc and the steady median step."""
-    o = a.out / part
-    cmd = [sys.executable, "-m", "bench.trainer.learn", "--work", str(a.work / part),
-           "--out", str(o), "--corpus", str(a.corpus), "--compare-steps", "0", "--tag", part,
-           "--steps", str(a.steps[part]), "--verify-workers", "2" if a.small else "3",
-           *(["--small", "--timeout", "100"] if a.small else ["--timeout", str(gpu_timeout - 60)]),
-           *extra, f"eval_every={a.steps[part]}"]  # fmt: skip
-    rc = run(cmd, a.out / f"{part}.log", 240 if a.small else gpu_timeout, a.env.get(part))
-    res = read(o / f"trainer_learn_{part}.json").get("grpo", {})
-    steady = steady_median(o / f"metrics-learn_{part}.jsonl")
-    return {"rc": rc if rc else res.get("rc", "no result"), "steps": res.get("steps", 0),
-            "grpo": res, "s_per_step": steady}  # fmt: skip
+    """``bench.trainer.learn`` with ``extra`` for ``a.steps[part]`` steps (``learn_run``)."""
+    args = ["--steps", str(a.steps[part]), "--verify-workers", "2" if a.small else "3",
+            *(["--small", "--timeout", "100"] if a.small else ["--timeout", str(gpu_timeout - 60)]),
+            *extra, f"eval_every={a.steps[part]}"]  # fmt: skip
+    return learn_run(a, part, args, 240 if a.small else gpu_timeout, a.env.get(part))
 
 
 def _last(pairs: Any) -> Any:
@@ -151,9 +136,7 @@ def part_tool(a: argparse.Namespace, out: dict[str, Any]) -> None:
     r = _learn_setting(a, "tool", extra, 330)
     g = r.pop("grpo")
     share = g.get("tools/episode_frac_first_last") or [None, None]
-    out["tool"] = r | {
-        "accuracy_before": pct(g.get("accuracy_before")),
-        "accuracy_after": pct(g.get("accuracy_after")),
+    out["tool"] = r | accuracies(g) | {
         "tool_share_first": share[0], "tool_share_last": share[1],
         "turns_last": (g.get("turns/mean_first_last") or [None, None])[1],
     }  # fmt: skip
@@ -244,26 +227,14 @@ def part_embed(a: argparse.Namespace, out: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--small", action="store_true", help="CPU, tiny sizes (CI)")
-    p.add_argument("--parts", default="learn,tool,diverse,speed,embed")
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/regress_out")))
-    p.add_argument("--work", type=Path, default=Path("/tmp/regress_work"))
-    carry = REPO / ".carry" / "trainer"
-    p.add_argument("--corpus", type=Path, default=carry / "gsm8k" if carry.exists()
-                   else gsm8k.default_dir())  # fmt: skip
+    p = options(__doc__ or "", "learn,tool,diverse,speed,embed", "/tmp/regress_work",
+                "CPU, tiny sizes (CI)")  # fmt: skip
     p.add_argument("--embedding-model", type=Path,
                    default=REPO / ".carry" / "embedding" / "minilm-fp16")  # fmt: skip
-    p.add_argument("--baseline", type=Path, default=None, help="default: by card")
-    p.add_argument("--record", type=Path, default=None, help="write this run's figures here")
-    p.add_argument("--budget", type=float, default=0, help="seconds for all parts (0: none)")
     a = p.parse_args(argv)
-    if a.budget:  # the table must come out inside the device call's limit
-        DEADLINE[0] = time.monotonic() + a.budget - 8
+    begin(a)
     a.learn_steps = 3 if a.small else 300
     a.steps = {"tool": 2, "diverse": 2} if a.small else {"tool": 60, "diverse": 60}
-    a.out.mkdir(parents=True, exist_ok=True)
-    a.work.mkdir(parents=True, exist_ok=True)
     name = card()
     got: dict[str, Any] = {}
     parts = a.parts.split(",")

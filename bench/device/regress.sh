@@ -10,6 +10,8 @@
 #   bash bench/device/prepare_carry.sh      # once, here: wheels, GSM8K, MiniLM
 #   device call: carry [".carry/trainer", ".carry/embedding/minilm-fp16"],
 #                command "bash bench/device/regress.sh"
+# Prefix ARBITER_COMMIT=<hash> to the command: the copy of the tree there has no git, and
+# the results' run header (bench/record.py) names the commit from it.
 # SMALL=1 runs the same parts on a CPU at tiny sizes (CI: PY=.venv/bin/python). Extra
 # arguments go to bench.device.regress (e.g. --parts learn,tool; --record FILE).
 source "$(dirname "$0")/gpu_env.sh"

@@ -1,6 +1,7 @@
 """What the regression checks share (``bench.device.regress``: one GPU;
-``bench.device.regress_multi``: two): running a part as a stopped-in-time subprocess, reading
-its results, judging each figure against the one recorded for the card, and the table.
+``bench.device.regress_multi``: two): their options, running a part as a stopped-in-time
+subprocess (a learning run among them), reading its results, judging each figure against the
+one recorded for the card, and the table.
 
 A part's figures are a flat ``{name: value}`` under the part's name; ``verdict_rows`` turns
 them into rows (figure, this run, recorded, allowed, verdict), where "FAIL" marks a crash, a
@@ -17,11 +18,15 @@ import os
 import signal
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from arbiter import gsm8k
+from bench.record import write_result
 
 REPO = Path(__file__).resolve().parents[2]
 DEADLINE = [float("inf")]  # time.monotonic() by which every part has stopped (--budget)
@@ -55,6 +60,31 @@ def slug(name: str) -> str:
     return "".join(c for c in name.lower() if c.isalnum()) or "cpu"
 
 
+def options(doc: str, parts: str, work: str, small: str) -> argparse.ArgumentParser:
+    """The options of both checks: which parts, where their outputs and work go, the corpus,
+    the recorded figures to judge against (by card unless given) and the time budget."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--small", action="store_true", help=small)
+    p.add_argument("--parts", default=parts)
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/regress_out")))
+    p.add_argument("--work", type=Path, default=Path(work))
+    carry = REPO / ".carry" / "trainer" / "gsm8k"
+    p.add_argument("--corpus", type=Path, default=carry if carry.exists() else gsm8k.default_dir())
+    p.add_argument("--baseline", type=Path, default=None, help="default: by card")
+    p.add_argument("--record", type=Path, default=None, help="write this run's figures here")
+    p.add_argument("--budget", type=float, default=0, help="seconds for all parts (0: none)")
+    return p
+
+
+def begin(a: argparse.Namespace) -> None:
+    """Set the deadline from ``--budget`` (the table must come out inside the call's limit)
+    and make the output and work folders."""
+    if a.budget:
+        DEADLINE[0] = time.monotonic() + a.budget - 8
+    a.out.mkdir(parents=True, exist_ok=True)
+    a.work.mkdir(parents=True, exist_ok=True)
+
+
 def run(cmd: list[str], log: Path, timeout: float, env: dict[str, str] | None = None) -> int:
     """``cmd`` in its own process group, output to ``log``, stopped after ``timeout`` s or at
     the run's deadline: an interrupt (so its ``finally`` stops the services it started),
@@ -84,6 +114,34 @@ def steady_median(metrics: Path, key: str = "time/step") -> float | None:
     vals = [r[key] for r in rows if r.get("kind") == "train" and key in r]
     vals = vals[2:] if len(vals) > 4 else vals
     return round(statistics.median(vals), 4) if vals else None
+
+
+def learn_run(
+    a: argparse.Namespace,
+    part: str,
+    args: list[str],
+    timeout: float,
+    env: dict[str, str] | None = None,
+    tag: str | None = None,
+) -> dict[str, Any]:
+    """``bench.trainer.learn`` for ``part`` (its own warm start and services) with ``args``
+    (options, then ``key=value`` overrides), tagged ``tag`` (default: the part): its rc (the
+    process's, else its summary's), steps, the summary's ``grpo`` and the steady median step."""
+    tag = tag or part
+    o = a.out / part
+    cmd = [sys.executable, "-m", "bench.trainer.learn", "--work", str(a.work / part),
+           "--out", str(o), "--corpus", str(a.corpus), "--compare-steps", "0", "--tag", tag,
+           *args]  # fmt: skip
+    rc = run(cmd, a.out / f"{part}.log", timeout, env)
+    res = read(o / f"trainer_learn_{tag}.json").get("grpo", {})
+    return {"rc": rc if rc else res.get("rc", "no result"), "steps": res.get("steps", 0),
+            "grpo": res, "s_per_step": steady_median(o / f"metrics-learn_{tag}.jsonl")}  # fmt: skip
+
+
+def accuracies(grpo: dict[str, Any]) -> dict[str, float | None]:
+    """Greedy held-out accuracy before and after GRPO, in %."""
+    return {"accuracy_before": pct(grpo.get("accuracy_before")),
+            "accuracy_after": pct(grpo.get("accuracy_after"))}  # fmt: skip
 
 
 def read(path: Path) -> dict[str, Any]:
@@ -168,7 +226,8 @@ def report(
     a: argparse.Namespace, got: dict[str, Any], rules: Rules, name: str, prefix: str, secs: float
 ) -> int:
     """Judge ``got`` against ``bench/results/<prefix>_<card>.json`` (or ``a.baseline``), print
-    the table, write ``a.out/<prefix>.json`` (and ``a.record`` when given); 1 on any FAIL."""
+    the table, write ``a.out/<prefix>.json`` (and ``a.record`` when given, under the run
+    header of ``bench.record``); 1 on any FAIL."""
     base_path = a.baseline or REPO / "bench" / "results" / f"{prefix}_{slug(name)}.json"
     base = read(base_path)
     rec = base.get("figures", {}) if base.get("card") == name and not a.small else {}
@@ -180,8 +239,8 @@ def report(
     print(text, flush=True)
     flat = {f"{k}.{n}": v for k, figs in got.items() for n, v in figs.items()}
     summary = {"card": name, "figures": flat, "table": text.splitlines()}
-    (a.out / f"{prefix}.json").write_text(json.dumps(summary, indent=1))
+    write_result(a.out / f"{prefix}.json", summary)
     if a.record:
-        a.record.write_text(json.dumps({"card": name, "recorded": time.strftime("%Y-%m-%d"),
-                                        "figures": flat}, indent=1) + "\n")  # fmt: skip
+        recorded = {"card": name, "recorded": time.strftime("%Y-%m-%d"), "figures": flat}
+        write_result(a.record, recorded)
     return 1 if any(r[4].startswith("FAIL") for r in rows) else 0

@@ -29,24 +29,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-from arbiter import gsm8k
 from bench.device.regress_common import (
-    DEADLINE,
-    REPO,
     Rules,
+    accuracies,
+    begin,
     card,
     guarded,
-    pct,
+    learn_run,
+    options,
     read,
     report,
     run,
-    steady_median,
 )
 
 # figure -> (direction, allowance, unit, the spread measured); see regress_common. Until a
@@ -95,24 +92,15 @@ def part_fsdp7b(a: argparse.Namespace, out: dict[str, Any]) -> None:
 
 
 def part_ddp(a: argparse.Namespace, out: dict[str, Any]) -> None:
-    o = a.out / "ddp"
     n = a.steps["ddp"]
-    cmd = [sys.executable, "-m", "bench.trainer.learn", "--work", str(a.work / "ddp"),
-           "--out", str(o), "--corpus", str(a.corpus), "--nproc", "2", "--steps", str(n),
-           "--compare-steps", "0", "--tag", "ddp", f"eval_every={n}"]  # fmt: skip
+    args = ["--nproc", "2", "--steps", str(n)]
     if a.small:
-        cmd += ["--small", "--sft-steps", "4", "--timeout", "200", "cpu_threads=1"]
+        args += ["--small", "--sft-steps", "4", "--timeout", "200", "cpu_threads=1"]
     else:  # 256 rollouts per rank: the one-GPU run's 512 a step
-        cmd += ["--timeout", "240", "rollouts_per_step=256"]
-    rc = run(cmd, a.out / "ddp.log", 300 if a.small else 280)
-    res = read(o / "trainer_learn_ddp.json").get("grpo", {})
-    out["ddp"] = {
-        "rc": rc if rc else res.get("rc", "no result"),
-        "steps": res.get("steps", 0),
-        "accuracy_before": pct(res.get("accuracy_before")),
-        "accuracy_after": pct(res.get("accuracy_after")),
-        "s_per_step": steady_median(o / "metrics-learn_ddp.jsonl"),
-    }
+        args += ["--timeout", "240", "rollouts_per_step=256"]
+    r = learn_run(a, "ddp", [*args, f"eval_every={n}"], 300 if a.small else 280)
+    out["ddp"] = {"rc": r["rc"], "steps": r["steps"], **accuracies(r["grpo"]),
+                  "s_per_step": r["s_per_step"]}  # fmt: skip
 
 
 def _round(x: Any) -> float | None:
@@ -124,22 +112,11 @@ def rules(a: argparse.Namespace) -> Rules:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--small", action="store_true", help="CPU, two gloo ranks, tiny sizes (CI)")
-    p.add_argument("--parts", default="fsdp7b,ddp")
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp/regress_out")))
-    p.add_argument("--work", type=Path, default=Path("/tmp/regress_multi_work"))
-    carry = REPO / ".carry" / "trainer" / "gsm8k"
-    p.add_argument("--corpus", type=Path, default=carry if carry.exists() else gsm8k.default_dir())
-    p.add_argument("--baseline", type=Path, default=None, help="default: by card")
-    p.add_argument("--record", type=Path, default=None, help="write this run's figures here")
-    p.add_argument("--budget", type=float, default=0, help="seconds for all parts (0: none)")
+    p = options(__doc__ or "", "fsdp7b,ddp", "/tmp/regress_multi_work",
+                "CPU, two gloo ranks, tiny sizes (CI)")  # fmt: skip
     a = p.parse_args(argv)
-    if a.budget:  # the table must come out inside the device call's limit
-        DEADLINE[0] = time.monotonic() + a.budget - 8
+    begin(a)
     a.steps = {"fsdp7b": 5, "ddp": 3} if a.small else {"fsdp7b": 6, "ddp": 300}
-    a.out.mkdir(parents=True, exist_ok=True)
-    a.work.mkdir(parents=True, exist_ok=True)
     name = card()
     got: dict[str, Any] = {}
     t0 = time.perf_counter()

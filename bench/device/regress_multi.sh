@@ -9,6 +9,8 @@
 #   bash bench/device/prepare_carry.sh      # once, here: wheels, GSM8K
 #   device call: kind nvidia-h100-x2, carry [".carry/trainer"],
 #                command "bash bench/device/regress_multi.sh"
+# Prefix ARBITER_COMMIT=<hash> to the command: the copy of the tree there has no git, and
+# the results' run header (bench/record.py) names the commit from it.
 # SMALL=1 runs the same parts on a CPU, two gloo processes each, at tiny sizes
 # (CI: PY=.venv/bin/python). Extra arguments go to bench.device.regress_multi
 # (e.g. --parts fsdp7b; --record FILE).

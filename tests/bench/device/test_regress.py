@@ -3,16 +3,13 @@ does not rise each fail) and bench/device/regress.sh with SMALL=1, every part ru
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from argparse import Namespace
-from pathlib import Path
+from collections.abc import Callable
 
+from bench import record
 from bench.device.regress import CHECKS, verdicts
+from tests.bench.device.conftest import SmallRun
 
-REPO = Path(__file__).resolve().parents[3]
 GPU = Namespace(small=False, learn_steps=300, steps={"tool": 60, "diverse": 60})
 
 
@@ -55,19 +52,15 @@ def test_tool_use_must_pass_its_goal_and_the_reward_wait_its_limit() -> None:
     assert slow["diverse.reward_wait_share"] == "FAIL (over its limit)"
 
 
-def test_regress_sh_small_runs_every_part_on_the_cpu(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    env = os.environ | {"SMALL": "1", "PY": sys.executable, "OUT": str(out), "LIMIT": "840"}
-    proc = subprocess.run(
-        ["bash", "bench/device/regress.sh", "--work", str(tmp_path / "work")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    figures = json.loads((out / "regress.json").read_text())["figures"]
+def test_regress_sh_small_runs_every_part_on_the_cpu(small_run: Callable[[str], SmallRun]) -> None:
+    run = small_run("regress")
+    figures = run.figures
     assert all(figures[f"{p}.rc"] == 0 for p in ("learn", "tool", "diverse", "speed", "embed"))
     assert figures["learn.steps"] == 3 and figures["tool.steps"] == figures["diverse.steps"] == 2
     assert figures["tool.turns_last"] >= 1 and figures["tool.tool_share_last"] is not None
     assert figures["diverse.pass16_after"] is not None and figures["diverse.pairwise_after"] > 0
     assert figures["speed.ours_tokens_per_s"] > 0 and figures["speed.trl_tokens_per_s"] > 0
     assert figures["embed.texts_per_s"] > 0
-    assert "| learn.steps | 3 |" in proc.stdout
+    assert "| learn.steps | 3 |" in run.stdout
+    # --record: this run's figures under the run header, as bench/results/regress_<card>.json
+    assert run.recorded["figures"] == figures and record.missing(run.recorded["run"]) == []

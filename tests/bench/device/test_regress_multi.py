@@ -5,17 +5,15 @@ the DDP learning run, each on two gloo processes on the CPU."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from argparse import Namespace
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
+from bench import record
 from bench.device.regress_common import verdict_rows
 from bench.device.regress_multi import rules
+from tests.bench.device.conftest import SmallRun
 
-REPO = Path(__file__).resolve().parents[3]
 GPU = Namespace(small=False, steps={"fsdp7b": 6, "ddp": 300})
 
 
@@ -46,18 +44,17 @@ def test_a_crash_a_short_run_and_accuracy_that_does_not_rise_fail() -> None:
     assert got["ddp.accuracy_after"] == "FAIL (did not rise)"
 
 
-def test_regress_multi_sh_small_runs_both_parts_on_two_cpu_processes(tmp_path: Path) -> None:
-    out = tmp_path / "out"
-    env = os.environ | {"SMALL": "1", "PY": sys.executable, "OUT": str(out), "LIMIT": "840"}
-    proc = subprocess.run(
-        ["bash", "bench/device/regress_multi.sh", "--work", str(tmp_path / "work")],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    figures = json.loads((out / "regress_multi.json").read_text())["figures"]
+def test_regress_multi_sh_small_runs_both_parts_on_two_cpu_processes(
+    small_run: Callable[[str], SmallRun],
+) -> None:
+    run = small_run("regress_multi")
+    figures = run.figures
     assert figures["fsdp7b.rc"] == figures["ddp.rc"] == 0
     assert figures["fsdp7b.steps"] == 5 and figures["ddp.steps"] == 3
     assert figures["fsdp7b.first_step_s"] > 0 and figures["fsdp7b.s_per_step"] > 0
     assert figures["ddp.accuracy_after"] is not None
-    assert "torchrun --nproc_per_node 2" in (out / "fsdp7b" / "trainer_fsdp_7b.json").read_text()
-    assert "| fsdp7b.steps | 5 |" in proc.stdout
+    fsdp = json.loads((run.out / "fsdp7b" / "trainer_fsdp_7b.json").read_text())
+    assert "torchrun --nproc_per_node 2" in json.dumps(fsdp)
+    assert record.missing(fsdp["run"]) == []  # the part's own result carries the header too
+    assert "| fsdp7b.steps | 5 |" in run.stdout
+    assert run.recorded["figures"] == figures and record.missing(run.recorded["run"]) == []
