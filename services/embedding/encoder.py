@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from arbiter.services.embedding.fast_tokenize import FastTokenizer
+from arbiter.services.embedding.fast_tokenize import FastTokenizer, TokenCounter
 from arbiter.services.embedding.settings import EmbeddingSettings
 
 log = logging.getLogger("arbiter.embedding")
@@ -122,6 +122,7 @@ class Encoder:
             if settings.fast_tokenize
             else None
         )
+        self.counter = TokenCounter.for_tokenizer(self.tokenizer, self.max_seq_length)
         get_dim = getattr(self.model, "get_embedding_dimension", None) or getattr(
             self.model, "get_sentence_embedding_dimension", None
         )  # renamed in sentence-transformers 6.x
@@ -152,17 +153,9 @@ class Encoder:
         return np.minimum(raw, limit), raw > limit
 
     def count(self, texts: list[str]) -> np.ndarray:
-        """Tokens per text as ``prepare`` will count them, without building the batch: the
-        Rust tokenizer alone where the fast path is on, else ``count_tokens``. The batcher
-        calls it when a request arrives, to bound each batch's tokens."""
-        if self.fast is not None:
-            return self.fast.count(texts)
-        return self.count_tokens(texts)[0]
-
-    def backend_json(self) -> str | None:
-        """The fast path's Rust tokenizer (truncation included) as JSON, for a process that
-        counts tokens without loading the model (``encoder_process``); None without it."""
-        return self.fast.backend.to_str() if self.fast is not None else None
+        """Tokens per text as ``prepare`` will count them (``TokenCounter``), without
+        building the batch; the batcher calls it when a request arrives, from any thread."""
+        return self.counter(texts)
 
     def prepare(self, texts: list[str]) -> Prepared:
         """Tokenize ``texts`` once, with the model's own preprocessing (what ``encode``

@@ -24,7 +24,7 @@ import numpy as np
 
 from arbiter.services.common.logs import configure
 from arbiter.services.embedding.encoder import Encoded, Encoder
-from arbiter.services.embedding.fast_tokenize import count_with
+from arbiter.services.embedding.fast_tokenize import TokenCounter
 from arbiter.services.embedding.settings import EmbeddingSettings
 
 log = logging.getLogger("arbiter.embedding")
@@ -38,7 +38,7 @@ def _child(conn: Connection, settings: dict[str, Any]) -> None:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return
     conn.send(("ready", encoder.dim, encoder.max_seq_length, encoder.device,
-               encoder.backend_json()))  # fmt: skip
+               encoder.counter.to_json()))  # fmt: skip
     # main thread: receive + tokenize; forward thread: forward passes + answer, in order
     prepared: queue.Queue[Any] = queue.Queue(maxsize=2)
 
@@ -92,11 +92,7 @@ class ProcessEncoder:
         self.dim: int = msg[1]
         self.max_seq_length: int = msg[2]
         self.device: str = msg[3]
-        self._counter: Any = None
-        if msg[4] is not None:  # tokenizers comes with the model's packages (embedding extra)
-            from tokenizers import Tokenizer
-
-            self._counter = Tokenizer.from_str(msg[4])
+        self.counter = TokenCounter(msg[4], self.max_seq_length)  # the child's, rebuilt here
         log.info("encoder process %d ready", self._proc.pid)
 
     @property
@@ -104,14 +100,8 @@ class ProcessEncoder:
         return self._proc.is_alive()
 
     def count(self, texts: list[str]) -> np.ndarray:
-        """Tokens per text, counted here with the child's Rust tokenizer (exact); without a
-        fast path in the child, a bound: UTF-8 bytes + 2 special tokens, at most
-        ``max_seq_length`` (a token covers at least one byte of text)."""
-        if self._counter is not None:
-            return count_with(self._counter, texts)
-        raw = np.fromiter((len(t.encode("utf-8", "surrogatepass")) + 2 for t in texts),
-                          dtype=np.int64, count=len(texts))  # fmt: skip
-        return np.minimum(raw, self.max_seq_length)
+        """Tokens per text, counted here as the child would (``TokenCounter``)."""
+        return self.counter(texts)
 
     def prepare(self, texts: list[str]) -> int:
         """Send a batch to the child (which starts tokenizing it); returns its size."""

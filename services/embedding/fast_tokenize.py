@@ -77,12 +77,6 @@ class FastTokenizer:
             return None
         return me
 
-    def count(self, texts: list[str]) -> np.ndarray:
-        """Tokens per text as ``__call__`` would give them (special tokens in, cut at
-        ``max_seq_length``), without padding or tensors: a batch's cost, known before it is
-        built."""
-        return count_with(self.backend, texts)
-
     def __call__(self, texts: list[str]) -> dict[str, Any]:
         import torch
 
@@ -103,10 +97,52 @@ class FastTokenizer:
         }
 
 
-def count_with(backend: Any, texts: list[str]) -> np.ndarray:
-    """Tokens per text from a Rust tokenizer (its own truncation applies)."""
-    encodings = backend.encode_batch(texts)
-    return np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
+class TokenCounter:
+    """Tokens per text for the batcher's token budget, counted when a request arrives, before
+    any batch is built: with a copy of the model's Rust tokenizer, truncation set to
+    ``max_seq_length`` (the fast path's own counts, exactly; for a model without the fast
+    path the same tokenizer without sentence-transformers' extra steps, a close estimate).
+    Only ``encode_batch`` is called on its own copy, so it is safe beside the prepare thread.
+    Without a Rust tokenizer, or where it fails on a text, a bound: UTF-8 bytes + 2 special
+    tokens, at most ``max_seq_length`` (a token covers at least one byte)."""
+
+    def __init__(self, backend_json: str | None, max_seq_length: int):
+        self.limit = max_seq_length
+        self.backend: Any = None
+        if backend_json is not None:
+            from tokenizers import Tokenizer
+
+            self.backend = Tokenizer.from_str(backend_json)
+
+    @classmethod
+    def for_tokenizer(cls, hf: Any, max_seq_length: int) -> TokenCounter:
+        """The counter of a Hugging Face tokenizer (its backend, when it has one)."""
+        backend = getattr(hf, "backend_tokenizer", None)
+        if backend is None:
+            return cls(None, max_seq_length)
+        from tokenizers import Tokenizer
+
+        copy = Tokenizer.from_str(backend.to_str())
+        copy.no_padding()
+        side = getattr(hf, "truncation_side", "right")
+        copy.enable_truncation(max_seq_length, strategy="longest_first", direction=side)
+        return cls(copy.to_str(), max_seq_length)
+
+    def to_json(self) -> str | None:
+        """What a counter in another process is built from (``encoder_process``)."""
+        return self.backend.to_str() if self.backend is not None else None
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        if self.backend is not None:
+            try:
+                encodings = self.backend.encode_batch(texts)
+                return np.fromiter((len(e.ids) for e in encodings), dtype=np.int64,
+                                   count=len(encodings))  # fmt: skip
+            except Exception:  # the batch's own tokenization reports it; a bound will do
+                log.debug("token count fell back to the byte bound", exc_info=True)
+        raw = np.fromiter((len(t.encode("utf-8", "surrogatepass")) + 2 for t in texts),
+                          dtype=np.int64, count=len(texts))  # fmt: skip
+        return np.minimum(raw, self.limit)
 
 
 def same(x: dict[str, Any], y: dict[str, Any]) -> bool:

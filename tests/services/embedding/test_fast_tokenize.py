@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from arbiter.services.embedding.encoder import Encoder
-from arbiter.services.embedding.fast_tokenize import PROBES, FastTokenizer, same
+from arbiter.services.embedding.fast_tokenize import PROBES, FastTokenizer, TokenCounter, same
 from arbiter.services.embedding.settings import EmbeddingSettings
 
 
@@ -53,3 +53,19 @@ def test_same_compares_dtype_shape_and_order() -> None:
     assert not same(x, {"a": torch.zeros(2, 4, dtype=torch.int64), "m": "text"})
     assert not same(x, {"m": "text", "a": torch.zeros(2, 3, dtype=torch.int64)})
     assert not same(x, {"a": torch.zeros(2, 3, dtype=torch.int64), "m": "image"})
+
+
+def test_token_counter_without_a_rust_tokenizer_is_a_bound() -> None:
+    # a tokenizer with no Rust backend: UTF-8 bytes + 2 special tokens, cut at the limit,
+    # never below the real count (a token covers at least one byte)
+    counter = TokenCounter(None, 256)
+    assert counter(["abc", "", "é", "x" * 1000]).tolist() == [5, 2, 4, 256]
+
+
+def test_token_counter_rebuilt_from_json_counts_as_the_model(
+    encoder: Encoder, gsm8k_answers: list[str]
+) -> None:
+    # what the process worker's parent does with the child's counter
+    texts = [*gsm8k_answers[500:510], " ".join(gsm8k_answers[:20]), ""]
+    copy = TokenCounter(encoder.counter.to_json(), encoder.max_seq_length)
+    np.testing.assert_array_equal(copy(texts), encoder.prepare(texts).tokens)
