@@ -3,6 +3,7 @@ does not rise each fail) and bench/device/regress.sh with SMALL=1, every part ru
 
 from __future__ import annotations
 
+import json
 from argparse import Namespace
 from collections.abc import Callable
 
@@ -59,6 +60,11 @@ def test_regress_sh_small_runs_every_part_on_the_cpu(small_run: Callable[[str], 
     assert figures["learn.steps"] == 3 and figures["tool.steps"] == figures["diverse.steps"] == 2
     assert figures["tool.turns_last"] >= 1 and figures["tool.tool_share_last"] is not None
     assert figures["diverse.pass16_after"] is not None and figures["diverse.pairwise_after"] > 0
+    div = json.loads((run.out / "diverse" / "trainer_learn_diverse.json").read_text())["grpo"]
+    # gsm8k-diverse: the diversity component reached the trainer, held-out samples gave pass@k
+    assert div["groups/pairwise_distance_first_last"][0] > 0
+    assert [s for s, _ in div["pass@16"]] == [0, 2] and div["pairwise_distance"][0][1] > 0
+    assert 0 <= div["reward_wait_share"] < 1
     assert figures["speed.ours_tokens_per_s"] > 0 and figures["speed.trl_tokens_per_s"] > 0
     assert figures["embed.texts_per_s"] > 0
     assert "| learn.steps | 3 |" in run.stdout

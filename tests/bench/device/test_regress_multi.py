@@ -1,6 +1,7 @@
 """bench.device.regress_multi: the verdicts (a goal missed on its card, a regression, a crash
 each fail) and bench/device/regress_multi.sh with SMALL=1: the 7B benchmark's FSDP2 path and
-the DDP learning run, each on two gloo processes on the CPU."""
+the DDP learning run, each on two gloo processes on the CPU. The FSDP2 part is also
+bench.trainer.fsdp's CPU check: its summary's steady steps, no checkpoint written."""
 
 from __future__ import annotations
 
@@ -54,7 +55,16 @@ def test_regress_multi_sh_small_runs_both_parts_on_two_cpu_processes(
     assert figures["fsdp7b.first_step_s"] > 0 and figures["fsdp7b.s_per_step"] > 0
     assert figures["ddp.accuracy_after"] is not None
     fsdp = json.loads((run.out / "fsdp7b" / "trainer_fsdp_7b.json").read_text())
-    assert "torchrun --nproc_per_node 2" in json.dumps(fsdp)
+    grpo = fsdp["grpo"]
+    assert grpo["cmd"].startswith("torchrun --nproc_per_node 2 -m arbiter.trainer")
+    assert fsdp["trainer_settings"]["fsdp"] is True
+    steady = grpo["steady"]  # bench.trainer.fsdp's summary: no warm-up step, not the last
+    assert steady["steps"] == [3, 4]  # (the pipelined run's last step samples nothing)
+    assert steady["generate_s"] > 0 and steady["completion_tokens_per_s"] > 0
+    metrics = (run.out / "fsdp7b" / "metrics-fsdp_7b.jsonl").read_text().splitlines()
+    last = json.loads(metrics[-1])
+    assert last["tokens/sequence"] > 0 and last["decode_steps"] <= 8
+    assert not (run.out.parent / "work" / "fsdp7b" / "run" / "checkpoints").exists()
     assert record.missing(fsdp["run"]) == []  # the part's own result carries the header too
     assert "| fsdp7b.steps | 5 |" in run.stdout
     assert run.recorded["figures"] == figures and record.missing(run.recorded["run"]) == []
