@@ -112,7 +112,7 @@ class Lifecycle:
         self.book = book
         self.scorer = scorer
         self.teams = teams
-        self.weights = dict(weights or {})  # GATEWAY_TEAM_WEIGHTS: slots per turn
+        self.weights = dict(weights or {})  # GATEWAY_TEAM_WEIGHTS: fair-share weights
         self._stores: set[asyncio.Task[None]] = set()
 
     async def admit(

@@ -96,7 +96,7 @@ class Scope:
     team: str = ANONYMOUS
     cache: str | None = None
     progress: Progress = field(default_factory=Progress)
-    weight: int = 1  # the team's share of a component's slots per turn (keys file)
+    weight: int = 1  # the team's share of a component's slots (keys file; common.fairshare)
 
 
 @dataclass(frozen=True)
