@@ -7,8 +7,8 @@ worker seconds). A global virtual time ``V`` never goes back: it is the start ta
 team last dispatched from. A team dispatched ``c`` at start tag ``S`` gets the finish tag
 ``F = S + c / weight``; it starts at ``S = F`` while it stays queued and at
 ``S = max(F, V)`` when it joins. ``pop`` serves the least start tag (ties: the team served,
-or joined from idle, longest ago), and inside that team its request with the least start
-tag, by the same rule on the team's own virtual time. A cost may be an estimate at
+joined from idle, or handed items back longest ago), and inside that team its request with
+the least start tag, by the same rule on the team's own virtual time. A cost may be an estimate at
 dispatch: ``settle`` (or ``adjust``) moves ``F`` by the difference once it is known.
 
 The bound. Every queued team has ``S >= V``: ``V`` is the least start tag at the last
@@ -16,7 +16,8 @@ dispatch, a team joins at ``max(F, V)``, a dispatch only raises tags, and a refu
 (``settle`` below the estimate, an item handed back unrun) stops at ``V``. So a team whose
 history is settled (``F <= V``) joins at ``S = V``. Another team ``g`` goes before it only
 while ``S_g <= V``: for at most one dispatch of ``g`` (``S_g`` then rises by ``c_g / w_g``),
-and teams that join later lose the tie. So a joining team waits for at most ONE dispatch
+and teams that join later lose the tie (so does a team whose items come back unrun, refunded
+down to ``V``: it counts as served then). So a joining team waits for at most ONE dispatch
 per other team, whatever they queued or did before and however wrong their estimates.
 While two teams stay queued, their service divided by their weights differs by at most
 one item's cost over each weight (SFQ's fairness bound): weights scale the shares. With
@@ -191,15 +192,22 @@ class FairShare(Generic[T]):
         r.queued += n
         t.queued += n
         # The request, and the team, join at max(F, V): history forgotten. Items handed
-        # back (``front``) while others of theirs run never left: they keep their place.
-        if r.queued == n:
-            r.floor = r.floor if front and r.inflight else t.vtime
-            r.seq = r.seq if r.inflight else next(self._seq)
-            _enter(t.heap, r, len(t.requests))
-        if t.queued == n:
-            t.floor = t.floor if front and t.inflight else self.vtime
-            t.seq = t.seq if t.inflight else next(self._seq)
-            _enter(self._heap, t, len(self._teams))
+        # back (``front``) while others of theirs run never left: they keep their start
+        # tag, but count as served just now, so at an equal tag the teams (and requests)
+        # that joined while they were out go first. Else a team whose pipelined items
+        # come back, refunded down to V, would win the tie against a team that joined at
+        # that V and run one more item ahead of it.
+        for flow, heap, vtime, flows in (
+            (r, t.heap, t.vtime, len(t.requests)),
+            (t, self._heap, self.vtime, len(self._teams)),
+        ):
+            if flow.queued != n and not front:
+                continue  # already queued: its place stands
+            if flow.queued == n and not (front and flow.inflight):
+                flow.floor = vtime
+            if front or not flow.inflight:
+                flow.seq = next(self._seq)
+            _enter(heap, flow, flows)
 
     def _team(self, name: str, weight: float | None) -> _Team[T]:
         t = self._teams.get(name)

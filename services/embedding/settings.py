@@ -60,7 +60,9 @@ class EmbeddingSettings(ServiceSettings):
     max_batch_tokens: int = Field(
         default=32768,
         ge=64,
-        description="Padded tokens (texts × longest) per forward pass; bounds GPU memory.",
+        description="Padded tokens (texts × longest) per forward pass; bounds GPU memory. "
+        "A coalesced batch (see batch_token_budget, which bounds waits) is split into passes "
+        "of at most this.",
     )
     max_batch_texts: int = Field(
         default=512,

@@ -269,7 +269,10 @@ def worker_main(conn: Connection, shared: Any, timeout_s: int, nice: int = 0) ->
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     gc.freeze()  # the preloaded sympy/math-verify heap: out of every full collection's walk
     os.nice(nice)  # below the event loop, which admits requests and delivers results
-    conn.send(("ready", None))
+    try:
+        conn.send(("ready", None))
+    except OSError:  # the pool closed while this worker started (shutdown): nothing to do
+        return
     while True:
         try:
             msg = conn.recv()

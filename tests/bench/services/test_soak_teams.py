@@ -9,9 +9,8 @@ a team with verify history behind a newcomer's slow items, a newcomer's diversit
 bulk embedder, a 120/min team flooding while both Redis are stopped, a team filling the state
 Redis with stored answers. Each case's bound is the full run's (10 s, quota + 10 %, the
 ledger exact, no 5xx, nothing of another team's state lost, the byte budget reached and
-held); only the counts are smaller. The veteran's bound, one item's deadline, is still missed
-by about 2 s, by a team without history alike (7.2 s against 5 s, docs/benchmarks/soak.md):
-here its history must neither hurt nor null it, the starvation this guards against."""
+held, the veteran's reward within one item's deadline); only the counts are smaller, and the
+veteran is also compared with a team without history sent at the same moment."""
 
 from __future__ import annotations
 
@@ -45,7 +44,7 @@ def test_teams_under_pressure_get_answers_and_no_wrong_score() -> None:
 
 def test_sharing_at_the_edges_holds_every_bound() -> None:
     out = run_edges(SHORT)
-    missed = [line for held, line in bounds(out) if not held and not line.startswith("veteran")]
+    missed = [line for held, line in bounds(out) if not held]
     assert not missed, "\n".join(missed)
     v = out["veteran_newcomer"]
     assert v["reward"] == 1.5 and v["newcomer_pending_at_send"], v  # answered behind the load

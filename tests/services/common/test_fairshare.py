@@ -262,3 +262,22 @@ def test_refunds_stop_at_the_virtual_time() -> None:
         assert grant is not None
         fs.settle(grant, 0.01)
     assert _position(_serve(fs), "joined") <= 1
+
+
+def test_items_handed_back_lose_the_tie_to_a_team_that_joined_meanwhile() -> None:
+    # A worker was sent 16 slow items ahead (pipelined, each estimated 0.75), ran one for
+    # 4 s, then handed the other 15 back unrun because another team had joined. The refund
+    # takes the team back to the virtual time, level with the team that joined: that team
+    # goes first, or it would wait behind one more slow item after the one already run.
+    fs: FairShare[str] = FairShare()
+    fs.push_many("newcomer", "r", [f"n{i}" for i in range(16)], 0.75)
+    sent = [fs.pop() for _ in range(16)]
+    fs.push("veteran", "v", "v0", 0.75)
+    first, *back = sent
+    assert first is not None
+    fs.settle(first, 4.0)
+    for grant in back:
+        assert grant is not None
+        fs.push(grant.team, grant.request, grant.items[0], 0.75, front=True)
+        fs.settle(grant, 0.0)
+    assert [team for team, _, _ in _serve(fs, 2)] == ["veteran", "newcomer"]
