@@ -13,8 +13,8 @@ For a request with a body it
    sets) are held to ``<PREFIX>_MAX_TEAM_BUFFERED_BYTES`` as well, so one team's uploads
    never turn another team away; and a body must arrive whole within
    ``<PREFIX>_BODY_TIMEOUT_S`` (408 ``body_timeout``), so a stalled upload gives its bytes
-   back (four stalled 32 MiB uploads of one team held every team out with 429 for as
-   long as their sockets stayed open);
+   back: without the deadline, four stalled 32 MiB uploads of one team hold every team
+   out with 429 for as long as their sockets stay open;
 3. refuses a string holding a lone UTF-16 surrogate (422 ``invalid_unicode``, ``param``
    naming the field): JSON can spell one (``"\\ud800"``), Python's parser accepts it, and
    nothing downstream can encode it. Only a body that contains such an escape is parsed

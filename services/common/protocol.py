@@ -18,9 +18,10 @@ client can send in a loop) are throttled: one line per message per 10 s, with a 
 
 A connection must also send a complete request head within ``HEAD_TIMEOUT_S`` of opening,
 and of each answer on it; else it is closed, without an answer (``_HeadDeadline``).
-uvicorn has no such deadline (its keep-alive timer stops at the first byte): a connection
-sending nothing, or a head a byte at a time, was held for as long as the client liked,
-and 19,980 of them, without a key, filled the gateway's 20,000 file descriptors in 5 s.
+uvicorn has no such deadline (its keep-alive timer stops at the first byte): without
+this one, a connection sending nothing, or a head a byte at a time, is held for as long
+as the client likes, and 19,980 of them, without a key, fill the gateway's 20,000 file
+descriptors in 5 s.
 A request being served is never cut by it (the body has its own deadline,
 ``<PREFIX>_BODY_TIMEOUT_S``).
 """

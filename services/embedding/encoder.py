@@ -167,7 +167,7 @@ class Encoder:
 
         if self.fast is not None:  # checked equal to preprocess() at load (fast_tokenize.py)
             features = self.fast(texts)
-        else:  # preprocess() since sentence-transformers 6 (tokenize() before, now deprecated)
+        else:  # preprocess() in sentence-transformers >= 6; tokenize() (deprecated) below it
             features = (getattr(self.model, "preprocess", None) or self.model.tokenize)(texts)
         mask = features.get("attention_mask")
         if not isinstance(mask, torch.Tensor) or mask.shape[0] != len(texts):

@@ -188,8 +188,8 @@ class AuthMiddleware:
 def _without_body(receive: Receive) -> Receive:
     """``receive`` with the request's body taken as empty. No route outside ``/v1/`` takes a
     body (they answer 404 or 405), and nobody authenticates there: read, such a body would
-    hold the global body budget (four stalled uploads without a key held every team out
-    with 429 until the body deadline). The server discards the bytes it is sent."""
+    hold the global body budget: four stalled uploads without a key would hold every team
+    out with 429 until the body deadline. The server discards the bytes it is sent."""
     sent = False
 
     async def empty() -> Message:

@@ -106,8 +106,8 @@ class Verifier:
     async def start(self) -> None:
         await self.pool.start()
         # math-verify and sympy (imported with the worker's code) leave ~120,000 long-lived
-        # objects in this process; frozen, a full collection no longer walks them (it took
-        # tens of milliseconds, a whole batch's worth of work, every few hundred requests).
+        # objects in this process. Frozen, a full collection skips them: walking them takes
+        # tens of milliseconds, a whole batch's worth of work, every few hundred requests.
         gc.freeze()
 
     async def close(self) -> None:
