@@ -1,10 +1,16 @@
-"""string_check's operations and text_similarity's local metrics, on known values."""
+"""string_check's operations and text_similarity's local metrics: known values, rouge-score's
+own numbers, and the length limit that bounds what one pair costs the gateway."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
-from arbiter.services.graders.similarity import similarity, string_check
+from arbiter.proto.graders import TextSimilarityGrader
+from arbiter.services.graders.engine import Row, grade
+from arbiter.services.graders.similarity import MAX_CHARS, similarity, string_check
+from arbiter.services.sandbox.grader import sample
 
 
 @pytest.mark.parametrize(
@@ -47,3 +53,30 @@ def test_metrics(metric: str, text: str, reference: str, score: float) -> None:
 def test_bleu_of_a_close_short_answer_is_above_zero() -> None:
     """Smoothed: a short answer sharing most n-grams is not 0 for lack of one 4-gram."""
     assert 0.0 < similarity("bleu", "the cat sat", "the cat sat down") < 1.0
+
+
+def test_rouge_l_is_rouge_scores_own_number() -> None:
+    """rouge_l's LCS comes from rapidfuzz; the F-measure must be rouge-score's, exactly."""
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rougeL"])
+    rng = random.Random(7)
+    words = ["the", "Cat", "sat", "on", "mat", "2,", "x-y", "über", "cats", "a"]
+    for _ in range(500):
+        text = " ".join(rng.choice(words) for _ in range(rng.randint(0, 25)))
+        reference = " ".join(rng.choice(words) for _ in range(rng.randint(0, 25)))
+        want = scorer.score(reference, text)["rougeL"].fmeasure
+        assert similarity("rouge_l", text, reference) == pytest.approx(want, abs=1e-12)
+
+
+async def test_a_side_over_the_length_limit_is_null_naming_the_limit() -> None:
+    grader = TextSimilarityGrader.model_validate(
+        {"type": "text_similarity", "name": "close", "evaluation_metric": "rouge_l",
+         "input": "{{ sample.output_text }}", "reference": "{{ item.answer }}"}
+    )  # fmt: skip
+    long = "word " * (MAX_CHARS // 5 + 1)
+    rows = [Row(sample(text), {"answer": "a word"}, 0) for text in ("a word", long)]
+    short, over = await grade(grader, rows, backend=None)  # type: ignore[arg-type]
+    assert short.score == 1.0
+    assert over.score is None and over.kind == "grader_error"
+    assert f"{MAX_CHARS:,}" in over.message and "input" in over.message
