@@ -22,8 +22,8 @@ git check-ignore -q "$ROOT/x" || { echo "$ROOT is not git-ignored: add /.carry/ 
 dl() {  # py3.12 manylinux wheels, no dependencies (each one is named)
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
-    --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux1_x86_64 -d "$@"
+    --platform manylinux_2_31_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d "$@"
 }
 if [ ! -f "$WHEEL" ]; then
   WHEEL=$ROOT/dl/$NAME
@@ -39,9 +39,14 @@ python3 bench/device/vllm_trim.py "$WHEEL" "$ROOT/whl/$NAME"
 # (3.x moves to httpx2, which the image lacks). Left out, imported only by
 # features a dense bf16 model does not use: flashinfer-python, apache-tvm-ffi, tilelang,
 # nvidia-cutlass-dsl, quack-kernels, humming-kernels, tokenspeed-mla, nvidia-cudnn-frontend,
-# fastsafetensors, torchcodec, PyNvVideoCodec (kernels, video), llguidance, outlines_core and
-# xgrammar (structured output; xgrammar needs apache-tvm-ffi too), anthropic, mcp,
-# model-hosting-container-standards, opentelemetry-* (the server, tracing).
+# fastsafetensors, torchcodec, PyNvVideoCodec (kernels, video), outlines_core, anthropic, mcp,
+# model-hosting-container-standards, opentelemetry-* (the server, tracing). llguidance and
+# xgrammar stay although no request here asks for structured output: vllm.v1.structured_output
+# names their classes in dataclass annotations, which load them when vllm.v1.request is
+# imported; xgrammar 0.2.8 needs apache-tvm-ffi >= 0.1.11 (vLLM pins 0.1.10 for flashinfer).
+# Checked here with the CPU vLLM venv: `vllm.entrypoints.llm`, `vllm.v1.engine.core`, the GPU
+# model runner and worker, Qwen2, the FlashAttention backend and the dummy loader import from
+# these wheels plus the image's packages alone (the other names above blocked).
 DEPS=(pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
       typing-extensions==4.16.0 msgspec==0.22.0 pyzmq==27.3.0 blake3==1.0.11 cachetools==8.0.2
       openai==2.54.0 jiter==0.19.0 distro==1.9.0 sniffio==1.3.1 fastapi==0.136.3
@@ -51,7 +56,8 @@ DEPS=(pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspe
       pycountry==26.2.16 jsonschema==4.26.0 jsonschema-specifications==2025.9.1
       referencing==0.37.0 rpds-py==2026.9.1 compressed-tensors==0.17.0 loguru==0.7.3
       depyf==0.20.0 astor==0.8.1 dill==0.4.1 prometheus-fastapi-instrumentator==8.1.0
-      lark==1.2.2 lm-format-enforcer==0.11.3 interegular==0.3.3 nvtx==0.2.16)
+      lark==1.2.2 lm-format-enforcer==0.11.3 interegular==0.3.3 nvtx==0.2.16
+      llguidance==1.7.6 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2)
 dl "$ROOT/whl" "${DEPS[@]}"
 
 echo "wheels: $(ls "$ROOT/whl" | wc -l), $(du -sh "$ROOT/whl" | cut -f1)"
