@@ -16,6 +16,8 @@ if [ "${SMALL:-0}" = 1 ]; then
 fi
 [ -f /tmp/site/.vllm-installed ] || echo "no vLLM in /tmp/site: run bench/device/vllm_setup.sh pieceN first"
 export PYTHONPATH=/tmp/site:$PWD
+# FlashInfer is not carried (vllm_carry.sh); its top-k/top-p sampler imports it unguarded
+export VLLM_USE_FLASHINFER_SAMPLER=0
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 timeout "${LIMIT:-540}" "$PY" bench/device/vllm_check.py 2>&1 | tee "$OUT/vllm_check.log" | tail -60
 echo "rc=$?"
