@@ -159,8 +159,8 @@ class ComponentClient:
         belongs to; ``weight``: the team's weight, its share); ``sent`` is called once the
         call holds a slot and goes out."""
         url = self.url(spec)
-        if url is None:
-            return not_configured(spec)
+        # Admission (``lifecycle.py``) refuses a recipe whose services have no URL here.
+        assert url is not None, f"{spec.name}: called without a {spec.service} URL"
         timeout = self.settings.timeout_for(spec.name)
         headers = {**JSON_HEADERS, TEAM_HEADER: team}
         start = time.perf_counter()

@@ -243,8 +243,8 @@ class LocalGraders:
         """A JSON call outside the component protocol, with ``ComponentClient``'s slots,
         deadline and failure kinds."""
         base = self.client.settings.service_url(spec.service)
-        if base is None:
-            return Unavailable(f"{spec.name}: the {spec.service} service is not configured")
+        # Admission refuses a grader whose services have no URL here (``needed``).
+        assert base is not None, f"{spec.name}: called without a {spec.service} URL"
         url = base + (path or spec.path)
         timeout = self.client.settings.timeout_for(spec.name)
         headers = {"content-type": "application/json", TEAM_HEADER: team}

@@ -35,13 +35,8 @@ from arbiter.keys import ANONYMOUS
 from arbiter.proto.components import ScoreGroup
 from arbiter.services.common.app import NON_BLOCKING_PREFIXES
 from arbiter.services.gateway.cache import Cache
-from arbiter.services.gateway.fanout import (
-    UNREACHABLE,
-    CallResult,
-    ComponentClient,
-    not_configured,
-)
-from arbiter.services.gateway.grading import GRADERS, LocalGraders, needed
+from arbiter.services.gateway.fanout import UNREACHABLE, CallResult, ComponentClient
+from arbiter.services.gateway.grading import GRADERS, LocalGraders
 from arbiter.services.gateway.lookup import CHUNK_KEYS, lookup
 from arbiter.services.gateway.merge import Merged, join_notes, merge, weigh
 from arbiter.services.gateway.misses import Call, call, chunks, misses
@@ -151,9 +146,10 @@ class Scorer:
         self._pending: dict[str, str] = {}
 
     async def score(self, recipe: ResolvedRecipe, groups: list[ScoreGroup], scope: Scope) -> Scored:
-        """Score ``groups``; an ``InvalidRequest`` (params a component refused, a component
-        not configured) is the only error raised: a failed component is nulls with their
-        reasons in ``Scored``."""
+        """Score ``groups`` of an admitted ``recipe``: admission (``lifecycle.py``) refused
+        any recipe with a component whose service is not configured. An ``InvalidRequest``
+        (params a component refused) is the only error raised: a failed component is nulls
+        with their reasons in ``Scored``."""
         label = recipe.label
         try:
             scored = await self._score(recipe, groups, scope)
@@ -167,14 +163,9 @@ class Scorer:
         self, recipe: ResolvedRecipe, groups: list[ScoreGroup], scope: Scope
     ) -> Scored:
         start = time.perf_counter()
-        # A component whose service is not configured is refused at admission
-        # (``lifecycle.py``); a caller that skipped it is refused the same way (422).
-        missing = self.client.missing(needed(recipe))
-        if missing:
-            raise not_configured(missing[0])
         # A big request's CPU-bound steps run on a worker thread: the event loop, which gets
-        # the GIL back every few ms, keeps answering other callers meanwhile (a maximal
-        # request stalled them for seconds when every step ran on the loop).
+        # the GIL back every few ms, keeps answering other callers meanwhile. On the loop, a
+        # maximal request would stall them for seconds.
         n = sum(len(g.responses) for g in groups)
         run = asyncio.to_thread if n >= THREAD_RESPONSES else _inline
         comps = await run(plan, recipe, groups, scope.cache)
