@@ -37,7 +37,6 @@ from arbiter.errors import (
     NotConfigured,
     Timeout,
     Unavailable,
-    Unprocessable,
     from_response,
 )
 from arbiter.keys import ANONYMOUS
@@ -216,9 +215,8 @@ class ComponentClient:
         error = from_response(status, content, source=spec.name)
         if not isinstance(error, InvalidRequest):
             return error
-        if (error.param or "").split(".")[0] == "params":  # the caller's recipe params
-            message = error.message.split(": ", 1)[-1]
-            return Unprocessable(message, param=error.param, code="invalid_params")
+        if (error.param or "").split(".")[0] == "params":
+            return error  # the caller's recipe params: ``merge`` names the recipe's field
         # Any other refusal: the gateway built a request the component does not take.
         return BadResponse(error.message)
 

@@ -203,7 +203,7 @@ class LocalGraders:
         try:  # every item variable, before any work: a row without one is the caller's 422
             check_items(grader, [row.item for row in rows])
         except MissingVariable as exc:
-            return Unprocessable(str(exc), param="grader", code="invalid_variable")
+            return Unprocessable(f"grader: {exc}", param="grader", code="invalid_variable")
         if sent is not None:
             sent()
         backend = _Backend(self, groups, team, request, weight)

@@ -42,11 +42,8 @@ def merge(comps: list[ComponentScores], calls: list[Call], results: list[CallRes
     for call, result in zip(calls, results, strict=True):
         comp = call.comp
         if isinstance(result, ArbiterError):
-            if isinstance(result, InvalidRequest):  # the recipe's params were refused
-                param = f"recipe.components.{comps.index(comp)}.{result.param}"
-                raise Unprocessable(
-                    f"{param}: {result.message}", param=param, code="invalid_params"
-                )
+            if isinstance(result, InvalidRequest):
+                raise refused_params(comps.index(comp), result)
             out.failures.append(result)
             for item in call.items:
                 comp.fail(item, result.kind, result.message)
@@ -59,6 +56,15 @@ def merge(comps: list[ComponentScores], calls: list[Call], results: list[CallRes
             out.cpu_ms += result.usage.cpu_ms
         _merge_one(comp, call.items, result, out.writes)
     return out
+
+
+def refused_params(i: int, refusal: InvalidRequest) -> Unprocessable:
+    """The caller's error for params component ``i`` refused, as its service (or the grader)
+    answered them (``param``: ``params.<field>`` or ``grader``; ``message``: prefixed with
+    it): the one place the recipe's field is named."""
+    param = f"recipe.components.{i}.{refusal.param}"
+    message = refusal.message.removeprefix(f"{refusal.param}: ")
+    return Unprocessable(f"{param}: {message}", param=param, code="invalid_params")
 
 
 def _merge_one(

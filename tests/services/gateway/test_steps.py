@@ -242,10 +242,13 @@ def test_merge_refused_params_fail_the_request_naming_the_field() -> None:
     groups = [group("a")]
     comps = plan(MATH_FORMAT, groups)
     calls = [call(c, misses(c, groups), groups) for c in comps]
-    refused = InvalidRequest("mode: bad", param="params.mode")
+    # as the fan-out passes a component's refusal on: its envelope, parsed
+    refused = InvalidRequest("params.mode: bad", param="params.mode", code="invalid_params")
     with pytest.raises(Unprocessable) as err:
         merge(comps, calls, [_one([1.0]), refused])
     assert err.value.param == "recipe.components.1.params.mode"
+    assert err.value.message == "recipe.components.1.params.mode: bad"
+    assert err.value.code == "invalid_params"
 
 
 # --- weigh and render -----------------------------------------------------------------
