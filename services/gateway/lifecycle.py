@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 
 from starlette.background import BackgroundTask
 
-from arbiter.errors import Forbidden, NotConfigured, RateLimited
+from arbiter.errors import ArbiterError, Forbidden, NotConfigured, RateLimited, Timeout, Unavailable
 from arbiter.keys import Principal
 from arbiter.proto.components import ScoreGroup
 from arbiter.proto.gateway import Recipe
@@ -48,7 +48,6 @@ from arbiter.services.common.responses import JSONBody
 from arbiter.services.gateway.fanout import missing_text
 from arbiter.services.gateway.grading import needed
 from arbiter.services.gateway.idempotency import REPLAYED, Claim, Replay, check_key
-from arbiter.services.gateway.merge import failure_error
 from arbiter.services.gateway.recipes import RecipeBook, ResolvedRecipe
 from arbiter.services.gateway.render import render
 from arbiter.services.gateway.scoring import THREAD_RESPONSES, Scope, Scored, Scorer
@@ -231,6 +230,14 @@ class Lifecycle:
 
 
 _REPLAYED = Tally(idempotent_replays=1)
+
+
+def failure_error(failures: list[ArbiterError]) -> ArbiterError:
+    """The request-level error for ``on_error="fail"``: 504 when every failure timed out."""
+    messages = "; ".join(dict.fromkeys(f.message for f in failures))[:1000]
+    if all(f.kind == "timeout" for f in failures):
+        return Timeout(messages, code="component_timeout")
+    return Unavailable(messages, code=f"component_{failures[0].kind}")
 
 
 def _check_allowed(who: Principal, recipe: ResolvedRecipe, label: str) -> None:

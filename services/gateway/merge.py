@@ -11,7 +11,8 @@ fairness.md), nor a score that comes with an error entry for its index.
 
 ``weigh`` makes the rewards: the weighted sums, null when any weighted component of that
 response is null (a zero-weight component never nulls a reward) or when the sum is not
-finite (an error entry with component ``reward`` says so), so every body is strict JSON.
+finite (an error entry says so; ``render`` files it under component ``reward``), so every
+body is strict JSON.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from arbiter.errors import ArbiterError, InvalidRequest, Timeout, Unavailable, Unprocessable
+from arbiter.errors import ArbiterError, InvalidRequest, Unprocessable
 from arbiter.proto.components import ComponentResponse, ScoreGroup
 from arbiter.services.gateway.fanout import CallResult
 from arbiter.services.gateway.misses import Call
@@ -137,17 +138,6 @@ def join_notes(comps: list[ComponentScores], groups: list[ScoreGroup]) -> None:
             names = dict.fromkeys(k for note in mine if note for k in note)
             rest = {k: v for k, v in comp.info[g].items() if k not in names and k != "sent_indices"}
             comp.info[g] = {**rest, **{k: [(n or {}).get(k) for n in mine] for k in names}}
-
-
-def failure_error(failures: list[ArbiterError]) -> ArbiterError:
-    """The request-level error for ``on_error="fail"``: 504 when every failure timed out."""
-    messages = "; ".join(dict.fromkeys(f.message for f in failures))[:1000]
-    if all(f.kind == "timeout" for f in failures):
-        return Timeout(messages, code="component_timeout")
-    return Unavailable(messages, code=f"component_{failures[0].kind}")
-
-
-REWARD = "reward"  # the error entry's component when the weighted sum itself failed
 
 
 def weigh(

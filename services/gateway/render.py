@@ -13,8 +13,9 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from arbiter.services.gateway.merge import REWARD
 from arbiter.services.gateway.scoring import Scored
+
+REWARD = "reward"  # the error entry's component when the weighted sum itself failed
 
 COMPONENT_ERRORS = Counter(
     "arbiter_gateway_component_errors_total", "Null scores by component and kind.",
