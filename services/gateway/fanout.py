@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable
+from typing import Protocol
 
 import aiohttp
 from prometheus_client import Counter, Histogram
@@ -109,6 +110,21 @@ def missing_text(specs: Iterable[ComponentSpec]) -> str:
 def not_configured(spec: ComponentSpec) -> NotConfigured:
     """The refusal of a component whose service this gateway has no URL for."""
     return NotConfigured(f"component {spec.name!r} {missing_text([spec])}", param=None)
+
+
+class Caller(Protocol):
+    """What a component call goes through: ``ComponentClient`` (over HTTP) and
+    ``grading.LocalGraders`` (the ``graders`` service, in process)."""
+
+    async def call(
+        self,
+        spec: ComponentSpec,
+        body: bytes,
+        team: str = ANONYMOUS,
+        request: Hashable = None,
+        sent: Callable[[], None] | None = None,
+        weight: int = 1,
+    ) -> CallResult: ...
 
 
 class ComponentClient:

@@ -53,7 +53,7 @@ def needed(recipe: ResolvedRecipe) -> list[ComponentSpec]:
         if b.spec.service != GRADERS:
             out.append(b.spec)
             continue
-        for service in sorted(grader_spec.uses(grader_spec.GRADER.validate_python(b.params))):
+        for service in sorted(grader_spec.uses(b.spec.grader)):
             path = {"sandbox": "/v1/python_grader", "embedding": COSINE.path}.get(service, "")
             out.append(ComponentSpec(b.spec.name, service, path, "response", object))  # type: ignore[arg-type]
     return out
@@ -177,7 +177,7 @@ class _Backend:
 
 
 class LocalGraders:
-    """The ``graders`` service, in process: ``call`` as ``ComponentClient.call`` is."""
+    """The ``graders`` service, in process: a ``fanout.Caller``, as ``ComponentClient`` is."""
 
     def __init__(self, client: ComponentClient):
         self.client = client
@@ -192,15 +192,16 @@ class LocalGraders:
         sent: Callable[[], None] | None = None,
         weight: int = 1,
     ) -> CallResult:
-        payload = json.loads(body)
-        grader = grader_spec.GRADER.validate_python(payload["params"])  # checked at resolve
-        groups: list[dict[str, Any]] = payload["groups"]
+        grader = spec.grader  # validated when the recipe was resolved
+        groups: list[dict[str, Any]] = json.loads(body)["groups"]
         rows = [
             Row(openai_shapes.sample(text), row_item(group), g)
             for g, group in enumerate(groups)
             for text in group["responses"]
         ]
-        try:  # every item variable, before any work: a row without one is the caller's 422
+        # Every item variable, before any work: a row without one is the caller's 422. The
+        # groups are the scoring call's, so this is the one check of them on /v1/score.
+        try:
             check_items(grader, [row.item for row in rows])
         except MissingVariable as exc:
             return Unprocessable(f"grader: {exc}", param="grader", code="invalid_variable")

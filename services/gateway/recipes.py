@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,9 @@ class ComponentSpec:
     # Bumped when the component's scores change for the same input (a scoring fix): its
     # cache entries then get new keys, so a score cached by the old code is never served.
     version: int = 1
+    # A grader component's grader, validated once when its recipe is resolved (a
+    # ``graders.spec`` model; None for a built-in component).
+    grader: Any = field(default=None, compare=False)
 
     @property
     def metric_label(self) -> str:
@@ -189,8 +192,8 @@ def grader_component(comp: RecipeComponent, at: str) -> ComponentSpec:
             param=f"{at}.params",
             code="invalid_grader",
         )
-    load(comp.grader, f"{at}.grader")
-    return ComponentSpec(comp.name, "graders", "", "response", NoParams)
+    grader = load(comp.grader, f"{at}.grader")
+    return ComponentSpec(comp.name, "graders", "", "response", NoParams, grader=grader)
 
 
 def resolve(recipe: Recipe, where: str = "recipe") -> ResolvedRecipe:

@@ -35,7 +35,7 @@ from arbiter.keys import ANONYMOUS
 from arbiter.proto.components import ScoreGroup
 from arbiter.services.common.app import NON_BLOCKING_PREFIXES
 from arbiter.services.gateway.cache import Cache
-from arbiter.services.gateway.fanout import UNREACHABLE, CallResult, ComponentClient
+from arbiter.services.gateway.fanout import UNREACHABLE, Caller, CallResult, ComponentClient
 from arbiter.services.gateway.grading import GRADERS, LocalGraders
 from arbiter.services.gateway.lookup import CHUNK_KEYS, lookup
 from arbiter.services.gateway.merge import Merged, join_notes, merge, weigh
@@ -195,7 +195,7 @@ class Scorer:
             reached = True
             scope.progress.start(where)
 
-        client = self.graders if c.spec.service == GRADERS else self.client
+        client: Caller = self.graders if c.spec.service == GRADERS else self.client
         result = await client.call(
             c.spec, c.body, scope.team, id(scope.progress), sent, scope.weight
         )
