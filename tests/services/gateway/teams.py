@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,18 @@ def start_gateway(
             **env,
         },
     )
+
+
+@contextmanager
+def running_gateway(
+    log_dir: Path, verify_url: str, redis_url: str, keys: Keys, **env: str
+) -> Iterator[str]:
+    """A gateway (``start_gateway``) for the ``with`` block: its URL; stopped on the way out."""
+    proc, url = start_gateway(log_dir, verify_url, redis_url, keys, **env)
+    try:
+        yield url
+    finally:
+        proc.stop()
 
 
 def groups(n: int, responses: int = 1, tag: str = "") -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.services.gateway.teams import Keys, start_gateway, usage
+from tests.services.gateway.teams import Keys, running_gateway, usage
 
 CHECK: Any = {"type": "string_check", "name": "check", "operation": "eq",
               "input": "{{ sample.output_text }}", "reference": "{{ item.label }}"}  # fmt: skip
@@ -28,9 +28,8 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
 
 @pytest.fixture(scope="module")
 def gateway(log_dir: Path, verify_url: str, redis_url: str, keys: Keys) -> Iterator[str]:
-    proc, url = start_gateway(log_dir, verify_url, redis_url, keys)
-    yield url
-    proc.stop()
+    with running_gateway(log_dir, verify_url, redis_url, keys) as url:
+        yield url
 
 
 def client(url: str, key: str) -> openai.OpenAI:

@@ -22,7 +22,7 @@ from arbiter.client import ArbiterClient, RetryPolicy
 from arbiter.proto.gateway import ScoreGroup
 from arbiter.trainer.rewards import RewardClient
 from tests.services.gateway.conftest import RawServer
-from tests.services.gateway.teams import Keys, groups, start_gateway, team_total, usage
+from tests.services.gateway.teams import Keys, groups, running_gateway, team_total, usage
 
 
 @pytest.fixture(scope="module")
@@ -38,9 +38,8 @@ def keys(tmp_path_factory: pytest.TempPathFactory) -> Keys:
 
 @pytest.fixture(scope="module")
 def gateway(log_dir: Path, verify_url: str, redis_url: str, keys: Keys) -> Iterator[str]:
-    proc, url = start_gateway(log_dir, verify_url, redis_url, keys)
-    yield url
-    proc.stop()
+    with running_gateway(log_dir, verify_url, redis_url, keys) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +47,8 @@ def hung_gateway(log_dir: Path, redis_url: str, keys: Keys) -> Iterator[str]:
     """Its verify never answers: a request stays in flight for the 1.5 s component deadline."""
     hung = RawServer(None)
     env = {"GATEWAY_COMPONENT_TIMEOUT_S": "1.5", "GATEWAY_IDEMPOTENCY_WAIT_S": "0.3"}
-    proc, url = start_gateway(log_dir, hung.url, redis_url, keys, **env)
-    yield url
-    proc.stop()
+    with running_gateway(log_dir, hung.url, redis_url, keys, **env) as url:
+        yield url
     hung.close()
 
 

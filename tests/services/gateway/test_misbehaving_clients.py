@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.services.gateway.teams import Keys, groups, post, start_gateway
+from tests.services.gateway.teams import Keys, groups, post, running_gateway
 
 BODY_LIMIT = 1 << 20
 
@@ -35,9 +35,8 @@ def upload_gateway(log_dir: Path, verify_url: str, redis_url: str, keys: Keys) -
         "GATEWAY_MAX_BUFFERED_BYTES": str(4 * BODY_LIMIT),  # four stalled uploads fill it
         "GATEWAY_BODY_TIMEOUT_S": "30",
     }
-    proc, url = start_gateway(log_dir, verify_url, redis_url, keys, **env)
-    yield url
-    proc.stop()
+    with running_gateway(log_dir, verify_url, redis_url, keys, **env) as url:
+        yield url
 
 
 def _stall(url: str, path: str, size: int) -> socket.socket:

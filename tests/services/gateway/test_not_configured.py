@@ -19,7 +19,7 @@ import pytest
 
 from arbiter.procs import free_port
 from tests.conftest import start_service
-from tests.services.gateway.teams import Keys, groups, start_gateway, usage
+from tests.services.gateway.teams import Keys, groups, running_gateway, usage
 
 JUDGE_RECIPES = ("gsm8k-dj", "gsm8k-verifier")
 NEEDS = {"gsm8k-dj": "judge_quality", "gsm8k-verifier": "judge_verifier"}
@@ -191,9 +191,8 @@ def teams(log_dir: Path, verify_url: str, redis_url: str, tmp_path: Path) -> Ite
     keys = Keys(tmp_path / "keys.yaml")
     keys.add("t", "refused", responses_per_minute=4)
     keys.add("no-dj", "no-dj", recipes=["gsm8k"])
-    proc, url = start_gateway(log_dir, verify_url, redis_url, keys)
-    yield url, keys
-    proc.stop()
+    with running_gateway(log_dir, verify_url, redis_url, keys) as url:
+        yield url, keys
 
 
 def test_a_refusal_costs_no_quota_and_no_idempotency_key(teams: tuple[str, Keys]) -> None:
