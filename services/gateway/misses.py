@@ -84,6 +84,6 @@ def _group(group: ScoreGroup, texts: list[str]) -> dict[str, object]:
         "reference": group.reference,
         "responses": texts,
     }
-    if group.metadata is not None:  # only then: every other body stays as it was
+    if group.metadata is not None:  # only when given: no null field for components to skip
         out["metadata"] = group.metadata
     return out

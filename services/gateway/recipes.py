@@ -71,7 +71,7 @@ COMPONENTS: dict[str, ComponentSpec] = {
         ComponentSpec(
             "code_tests", "sandbox", "/v1/code_tests", "response", CodeTestsParams, version=3
         ),
-        # v2: a grade outside params.score_range is null (1e308 was a reward)
+        # v2: a grade outside params.score_range (1e308, say) is null, never a reward
         ComponentSpec(
             "python_grader",
             "sandbox",
