@@ -280,7 +280,11 @@ def test_a_bad_grader_component_is_422(gateway: str, component: Any, param: str)
     body = {"recipe": {"components": [component]}, "groups": [group]}
     r = httpx.post(f"{gateway}/v1/score", json=body, timeout=60)
     assert r.status_code == 422, r.text
-    assert r.json()["error"]["param"] == param, r.text
+    error = r.json()["error"]
+    assert error["param"] == param, r.text
+    # named once, from the recipe's root: no part of the path repeated
+    assert error["message"].startswith(f"{param}: "), r.text
+    assert ": recipe." not in error["message"] and "grader: grader" not in error["message"]
 
 
 def test_a_named_recipe_of_graders_scores_through_a_compat_route(gateway: str) -> None:
