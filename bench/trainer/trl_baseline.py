@@ -10,7 +10,8 @@ Run alone, it measures on one GPU:
 2. train reference: one forward + backward + AdamW step on the same batch;
 3. TRL ``GRPOTrainer``, prompts x G completions per optimizer step, config A:
    per-device batch = all completions, no accumulation (with and without gradient
-   checkpointing), config B: per-device batch ``BENCH_TRL_BS`` with accumulation.
+   checkpointing), config B: per-device batch ``BENCH_TRL_BS`` with accumulation;
+   ``A_vllm``/``B_vllm``: the same with vLLM in colocate mode (``trl_vllm``; not by default).
 
     python -m bench.trainer.trl_baseline        # writes $OUT/trl_baseline.json
 
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import record
+from bench.trainer import trl_vllm
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -137,10 +139,10 @@ def build_model(tok: Any) -> Any:
     """A random-initialised bf16 Qwen2 of ``SHAPE`` (tiny with ``BENCH_SMALL``)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    if SMALL:
+    if SMALL:  # head_dim 32: the smallest that vLLM's CPU attention takes (the _vllm phases)
         shape: dict[str, Any] = dict(
-            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2,
+            hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1,
         )  # fmt: skip
     else:
         shape = dict(SHAPE)
@@ -244,7 +246,8 @@ def phase_ref(tok: Any) -> dict[str, Any]:
 
 def phase_trl(tok: Any, bs: int, ga: int, tag: str, gc_flag: bool | None = None) -> dict[str, Any]:
     """TRL ``GRPOTrainer`` for ``STEPS`` optimizer steps at per-device batch ``bs`` and
-    ``ga`` accumulation steps: step time, its generation part, completion tokens/s."""
+    ``ga`` accumulation steps: step time, its generation part, completion tokens/s. A ``tag``
+    ending in ``_vllm``: TRL generates with vLLM in colocate mode (``trl_vllm``)."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -302,7 +305,7 @@ def phase_trl(tok: Any, bs: int, ga: int, tag: str, gc_flag: bool | None = None)
         max_steps=STEPS, learning_rate=1e-6, bf16=DEV == "cuda", use_cpu=DEV != "cuda",
         report_to="none", logging_steps=1, save_strategy="no", seed=0, temperature=1.0,
         dataloader_num_workers=0, disable_tqdm=True,
-        **checkpointing_arg(gc_flag),
+        **checkpointing_arg(gc_flag), **trl_vllm.colocate_args(tag),
     )  # fmt: skip
     shown = ["beta", "num_iterations", "loss_type", "scale_rewards", "generation_batch_size",
              "steps_per_generation", "optim", "gradient_checkpointing", "use_vllm", "top_k",
@@ -317,6 +320,7 @@ def phase_trl(tok: Any, bs: int, ga: int, tag: str, gc_flag: bool | None = None)
     )
     trainer = GRPOTrainer(model=model, reward_funcs=length_reward, args=args, train_dataset=ds,
                           processing_class=tok, callbacks=[Timer()])  # fmt: skip
+    trl_vllm.time_vllm(trainer, gen_times, res, sync)  # where vLLM generates
     t0 = time.perf_counter()
     trainer.train()
     res["train_wall_s"] = round(time.perf_counter() - t0, 2)
@@ -371,16 +375,13 @@ def main() -> None:
         try:
             if ph == "ref":
                 R["phases"]["ref"] = phase_ref(tok)
-            elif ph == "A":
-                R["phases"]["trl_A_bs64_ga1"] = phase_trl(tok, NSEQ, 1, "A")
             elif ph == "A_nogc":
                 R["phases"]["trl_A_bs64_ga1_no_grad_ckpt"] = phase_trl(
                     tok, NSEQ, 1, "A_nogc", gc_flag=False
                 )
-            elif ph == "B":
-                R["phases"][f"trl_B_bs{TRL_BS}_ga{NSEQ // TRL_BS}"] = phase_trl(
-                    tok, TRL_BS, NSEQ // TRL_BS, "B"
-                )
+            elif ph in ("A", "B", "A_vllm", "B_vllm"):  # _vllm: TRL with vLLM (trl_vllm)
+                bs = NSEQ if ph.startswith("A") else TRL_BS
+                R["phases"][f"trl_{ph}_bs{bs}_ga{NSEQ // bs}"] = phase_trl(tok, bs, NSEQ // bs, ph)
         except Exception as e:  # a phase that fails is recorded; the others still run
             traceback.print_exc()
             R["phases"][ph] = {"error": repr(e)[:2000]}
