@@ -11,7 +11,8 @@ clip 1.0, one optimizer step per batch (mu = 1: old log-probs = detached current
 Phases (``--phases``, default all): ``check`` (graph vs eager greedy ids; NLL of our samples
 vs HF generate's), ``hf`` (plain ``model.generate``), ``ours`` (the samplers alone, then full
 GRPO steps through the trainer's ``train_on_batch``), ``trl``; ``ours_fast`` (the GRPO steps
-again, KV cache kept between rollouts, micro-batches of 16). The headline setting,
+again, KV cache kept between rollouts, micro-batches of 16); ``trl_vllm`` (TRL with vLLM in
+colocate mode, ``trl_vllm.py``; needs vLLM; last, as its engine stays). The headline setting,
 Qwen2.5-1.5B's config with 32 GSM8K prompts x 8 completions of 512 tokens:
 
     BENCH_SHAPE=qwen2.5-1.5b BENCH_PROMPTS=32 BENCH_G=8 BENCH_NEW=512 BENCH_TRL_BS=16 \
@@ -220,11 +221,12 @@ def _grpo_steps(
     return res
 
 
-def phase_trl(a: ModuleType, tok: Any, batch: int) -> dict[str, Any]:
+def phase_trl(a: ModuleType, tok: Any, batch: int, vllm: bool = False) -> dict[str, Any]:
     """TRL's GRPOTrainer; per-device batch ``batch`` (0: the whole batch) with gradient
-    accumulation over the rest."""
+    accumulation over the rest; with ``vllm``, generating with vLLM in colocate mode."""
     bs = batch or a.NSEQ
-    res: dict[str, Any] = a.phase_trl(tok, bs, a.NSEQ // bs, "A" if bs == a.NSEQ else "B")
+    tag = ("A" if bs == a.NSEQ else "B") + ("_vllm" if vllm else "")
+    res: dict[str, Any] = a.phase_trl(tok, bs, a.NSEQ // bs, tag)
     res.pop("logs", None)
     steady = sorted(res.get("step_times_s", [])[WARMUP:])
     if steady:
@@ -359,6 +361,8 @@ def main(argv: list[str] | None = None) -> None:
                 res["ours_fast"] = phase_ours(a, tok, dev, args.steps, fast)
             elif ph == "trl":
                 res["trl"] = phase_trl(a, tok, args.trl_batch)
+            elif ph == "trl_vllm":
+                res["trl_vllm"] = phase_trl(a, tok, args.trl_batch, vllm=True)
         except Exception as e:
             import traceback
 
@@ -372,6 +376,11 @@ def main(argv: list[str] | None = None) -> None:
         )
         dump()
     print_table(res)
+    tv, ours = res.get("trl_vllm", {}), res.get("ours", {}).get("completion_tokens_per_s")
+    if tps := tv.get("completion_tokens_per_s"):
+        ratio = f"{ours / tps:.2f}x" if ours else "-"
+        print(f"| TRL + vLLM colocate step | {tv['s_per_step_steady']} | {tps} | ours: {ratio} |")
+        print(f"| TRL + vLLM: its generate share | {tv['generate_s_per_step_steady']} | | |")
 
 
 if __name__ == "__main__":
