@@ -16,7 +16,7 @@ step), no sleep mode, ``max_num_seqs`` = the generation batch.
 Environment: ``BENCH_VLLM_MEM`` (0.3, TRL's default): the card's share vLLM takes (weights,
 KV cache, CUDA graphs); 0.3 of an 80 GiB H100 is 24 GiB, against ~5 GiB of KV cache for
 256 rows x ~640 tokens at the Qwen2.5-1.5B shape and TRL's 15.6 GiB training peak beside it.
-``BENCH_VLLM_MAX_LEN`` (default 1024): vLLM's max model length (prompt + completion).
+``BENCH_VLLM_MAX_LEN`` (default 2048): vLLM's max model length (prompt + completion).
 On a CPU (vLLM's CPU build), ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB).
 """
 
@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 MEM = float(os.environ.get("BENCH_VLLM_MEM", "0.3"))
-MAX_LEN = int(os.environ.get("BENCH_VLLM_MAX_LEN", "1024"))
+MAX_LEN = int(os.environ.get("BENCH_VLLM_MAX_LEN", "2048"))
 
 
 def colocate_args(tag: str) -> dict[str, Any]:

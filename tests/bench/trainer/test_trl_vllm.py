@@ -1,6 +1,7 @@
 """The TRL baseline's ``A_vllm`` phase: TRL's GRPOTrainer generating with a real vLLM engine in
 colocate mode (vLLM's CPU build, in its own venv) runs GRPO steps at the small shapes and
-records its speed and a finite loss.
+records its speed and a finite loss. It runs as ``bench/device/trl_vllm_gpu.sh`` runs it with
+``SMALL=1``, the device script's CPU variant.
 
 vLLM comes from ``ARBITER_VLLM_PYTHON`` (as for the judge's tests); that venv needs TRL too
 (``pip install trl==1.16.0`` with the project venv's accelerate, datasets and pyarrow
@@ -34,26 +35,21 @@ def vllm_python() -> str:
 def test_trl_with_vllm_colocate_records_speed_and_a_finite_loss(
     vllm_python: str, tmp_path: Path
 ) -> None:
-    env = os.environ | {
-        "BENCH_SMALL": "1",
-        "BENCH_PHASES": "A_vllm",
-        "OUT": str(tmp_path),
-        # vLLM's CPU build traces the model without Inductor (its CI setting): no C++ compile
-        "VLLM_CPU_CI_ENV": "1",
-    }
+    env = os.environ | {"SMALL": "1", "PY": vllm_python, "OUT": str(tmp_path)}
     env.pop("BENCH_STEPS", None)
     proc = subprocess.run(
-        [vllm_python, "-m", "bench.trainer.trl_baseline"],
+        ["bash", "bench/device/trl_vllm_gpu.sh"],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=400,
+        timeout=450,
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    log = (tmp_path / "trl_vllm.log").read_text()[-3000:]
+    assert proc.returncode == 0, proc.stdout + log
     phases = json.loads((tmp_path / "trl_baseline.json").read_text())["phases"]
     res = phases.get("trl_A_vllm_bs64_ga1")
-    assert res is not None and "error" not in res, (phases, proc.stderr[-3000:])
+    assert res is not None and "error" not in res, (phases, log)
     assert res["vllm"]["vllm_mode"] == "colocate" and res["trl_defaults"]["use_vllm"] is True
     # three optimizer steps, each one vLLM rollout after copying the trained weights into it
     assert len(res["step_times_s"]) == 3
