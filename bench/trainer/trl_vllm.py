@@ -11,7 +11,8 @@ the same weights; TRL then copies the trained weights into vLLM before each roll
 
 TRL's other vLLM defaults stay as a TRL user gets them: the importance-sampling correction
 (``vllm_importance_sampling_correction=True``: one more forward for the old log-probs each
-step), no sleep mode, ``max_num_seqs`` = the generation batch.
+step), no sleep mode, ``max_num_seqs`` = the generation batch. The phase's ``mem_peak`` (torch's
+allocator) counts vLLM's weights and KV cache too: the engine allocates in the same process.
 
 Environment: ``BENCH_VLLM_MEM`` (0.3, TRL's default): the card's share vLLM takes (weights,
 KV cache, CUDA graphs); 0.3 of an 80 GiB H100 is 24 GiB, against ~5 GiB of KV cache for
@@ -65,6 +66,11 @@ def time_vllm(
     vg = trainer.vllm_generation
     res["vllm"] = {k: getattr(trainer.args, k, None) for k in SHOWN}
     res["vllm"]["version"] = _version("vllm")
+    import torch
+
+    if torch.cuda.is_available():  # the engine's share is in use from here on, KV cache included
+        free, total = torch.cuda.mem_get_info()
+        res["vllm"]["card_in_use_GiB_after_start"] = round((total - free) / 2**30, 2)
     sync_times: list[float] = []
     res["sync_weights_times_s"] = sync_times
 
