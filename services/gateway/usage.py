@@ -171,6 +171,7 @@ class Ledger:
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
+        self._closing = False
 
     async def add(self, team: str, counts: Tally[str]) -> None:
         """Add one request's counters to today's entry of ``team`` (in memory; the writer
@@ -200,7 +201,7 @@ class Ledger:
         self._wake.set()
 
     async def _write_forever(self) -> None:
-        while True:
+        while not self._closing:
             await self._wake.wait()
             self._wake.clear()
             if not await self.flush():
@@ -221,6 +222,10 @@ class Ledger:
                 try:
                     await self._write(self._batch)
                 except (RedisError, OSError, TimeoutError) as exc:
+                    if (task := asyncio.current_task()) is not None and task.cancelling():
+                        # a cancel the Redis client answered as a connection error or a
+                        # timeout: still a cancel, or the writer would outlive close()
+                        raise asyncio.CancelledError from exc
                     REDIS_ERRORS.labels("usage").inc()
                     waiting = self._batch.requests + self._pending_requests
                     WARNINGS.warning(
@@ -247,10 +252,11 @@ class Ledger:
 
     async def close(self) -> None:
         """Stop the writer; write what is left if Redis answers within ``CLOSE_WAIT_S``."""
+        self._closing = True
         if self._writer is not None:
+            self._wake.set()
             self._writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._writer
+            await asyncio.wait({self._writer}, timeout=CLOSE_WAIT_S)
         written = False
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(CLOSE_WAIT_S):

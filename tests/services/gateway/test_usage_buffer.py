@@ -1,6 +1,6 @@
 """The usage ledger's buffer on real Redis servers: counts added while Redis is down are
 written when it comes up, and a batch whose first write timed out after Redis had applied
-it (a stalled Redis) is not counted twice."""
+it (a stalled Redis) is not counted twice; closing ends its writer whatever Redis does."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 from redis.asyncio import Redis
 
 from arbiter.procs import free_port, redis_process
-from arbiter.services.gateway.usage import Ledger, today
+from arbiter.services.gateway.usage import CLOSE_WAIT_S, Ledger, today
 from tests.conftest import start_redis
 
 ONE = Tally(requests=1, responses=2, cache_misses=4)
@@ -96,3 +96,27 @@ async def test_a_batch_applied_by_a_stalled_redis_is_not_counted_twice(log_dir: 
     finally:
         await redis.aclose()
         proc.stop()
+
+
+async def test_close_ends_the_writer_even_when_redis_answers_a_cancel_with_an_error() -> None:
+    # The Redis client can answer a cancel that lands mid-command with a connection error
+    # or a timeout (a fault a real server cannot be made to cause on demand: a stand-in
+    # client does it here). The writer used to catch that as "Redis failed", loop, and
+    # wait forever, and close() with it: the gateway would never finish shutting down.
+    class CancelIntoTimeout:
+        def register_script(self, _script: str) -> object:
+            async def call(**_: object) -> None:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    raise TimeoutError("Timeout reading from socket") from None
+
+            return call
+
+    ledger = Ledger(CancelIntoTimeout(), retention_days=1)  # type: ignore[arg-type]
+    await ledger.add("team", Tally(requests=1))
+    await asyncio.sleep(0.05)  # the writer is inside the Redis call
+    closing = asyncio.create_task(ledger.close())
+    await asyncio.wait({closing}, timeout=CLOSE_WAIT_S + 2)  # not a timeout: it cannot end one
+    assert closing.done(), "close() still waits for the writer"
+    assert ledger._writer is not None and ledger._writer.done()
