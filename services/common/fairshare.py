@@ -36,13 +36,6 @@ API (items are opaque to the policy; every front-end builds on these)::
     fs.push(team, request, item, cost)       # cost in the service's unit; estimate is fine
     grant = fs.pop(limit=1, budget=inf)      # None: nothing queued, eligible or fitting
     fs.settle(grant, real_cost)              # exactly once per grant: it leaves flight
-
-``pop(limit=k, budget=b)`` takes up to ``k`` items in a row of the chosen request, their
-costs adding up to at most ``b`` (None when the first does not fit: a batch filler stops
-there, or takes an oversized item alone without a budget); ``peek`` names what ``pop``
-would take first; ``eligible(team)`` skips teams (a per-team cap). ``cancel`` drops a
-request's queued items, ``prune`` its dead ones at either end. ``adjust`` is ``settle``
-by name, for a front-end that tracks its items itself (verify's pool).
 """
 
 from __future__ import annotations
@@ -192,11 +185,8 @@ class FairShare(Generic[T]):
         r.queued += n
         t.queued += n
         # The request, and the team, join at max(F, V): history forgotten. Items handed
-        # back (``front``) while others of theirs run never left: they keep their start
-        # tag, but count as served just now, so at an equal tag the teams (and requests)
-        # that joined while they were out go first. Else a team whose pipelined items
-        # come back, refunded down to V, would win the tie against a team that joined at
-        # that V and run one more item ahead of it.
+        # back (``front``) keep their start tag but count as served now: at an equal tag,
+        # flows that joined while they were out go first (see the module docstring).
         for flow, heap, vtime, flows in (
             (r, t.heap, t.vtime, len(t.requests)),
             (t, self._heap, self.vtime, len(self._teams)),
