@@ -10,7 +10,14 @@
 #    git-ignored folder), each with the manifest (bench/device/vllm_split.sh).
 # Each piece travels in one device call (`carry` [".carry/vllm/pieceN"]); a call carries the
 # tracked tree too (about 7 MiB), so a piece is PIECE_MIB (default 54) MiB at most.
-# bench/device/vllm_setup.sh joins and installs them there; docs/development.md lists the calls.
+# bench/device/vllm_setup.sh joins and installs them there. The chain, on one machine (kind
+# nvidia-h100-x1 or nvidia-h200), each call sent as soon as the one before returns:
+#   1. carry [".carry/vllm/piece1"], command "bash bench/device/vllm_setup.sh piece1"
+#   2. carry [".carry/vllm/piece2"], command "bash bench/device/vllm_setup.sh piece2"
+#   3. carry [".carry/vllm/piece3"], command
+#      "bash bench/device/vllm_setup.sh piece3 && bash bench/device/vllm_check.sh"
+# A call that finds an earlier piece missing: the machine went back in between; start over.
+# Then, while /tmp/site is there: carry [".carry/trainer"], "bash bench/device/trl_vllm_gpu.sh".
 # WHEEL: the vLLM wheel (default /tmp/vllmdl/..., downloaded into .carry/vllm/dl if absent).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
