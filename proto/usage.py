@@ -26,6 +26,9 @@ class UsageDay(ArbiterModel):
     sandbox_cpu_ms: int = Field(
         default=0, description="CPU milliseconds of the team's programs in the sandbox."
     )
+    env_tool_calls: int = Field(
+        default=0, description="Environment tool calls run (/ors, /nemo-gym/envs)."
+    )
     rate_limited: int = Field(default=0, description="Requests refused by a quota (429).")
     idempotent_replays: int = Field(
         default=0, description="Stored responses served again for an Idempotency-Key."

@@ -23,8 +23,10 @@ from arbiter.services.gateway.auth import AuthMiddleware, KeyStore
 from arbiter.services.gateway.cache import Cache, LRUCache, NullCache, RedisCache
 from arbiter.services.gateway.collector import GroupCollector
 from arbiter.services.gateway.compat import router as compat_router
+from arbiter.services.gateway.envs_proxy import EnvsProxy
 from arbiter.services.gateway.fanout import ComponentClient
 from arbiter.services.gateway.lifecycle import Lifecycle
+from arbiter.services.gateway.ors import router as ors_router
 from arbiter.services.gateway.recipes import RecipeBook
 from arbiter.services.gateway.routes import AUTH_RESPONSES, router
 from arbiter.services.gateway.scoring import Scorer
@@ -76,6 +78,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         app.state.teams = teams
         lifecycle = Lifecycle(book, scorer, teams, settings.team_weights)
         app.state.lifecycle = lifecycle
+        envs = app.state.envs = EnvsProxy(settings, teams)  # /ors and /nemo-gym/envs
         app.state.compat_collector = GroupCollector(
             scorer, settings.compat_window_ms / 1000, settings.compat_max_group
         )
@@ -91,6 +94,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
             yield
         finally:
             await lifecycle.close()
+            await envs.close()
             await client.close()
             await cache.close()
             await teams.close()
@@ -109,6 +113,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         settings=settings,
     )
     app.include_router(compat_router, responses=AUTH_RESPONSES)  # other frameworks' shapes
+    app.include_router(ors_router)  # environments over the Open Reward Standard
     app.add_exception_handler(RequestValidationError, _validation_handler)
     # Keys are checked right inside the timing middleware (401s are timed), before the
     # limits middleware reads a byte of the body.

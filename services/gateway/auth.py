@@ -52,6 +52,20 @@ TEAM_REQUESTS = Counter(
 )
 
 UNAUTHENTICATED = "unauthenticated"
+# The API's paths; the ORS discovery routes among them need no key (the ORS spec; ors.py).
+API_PREFIXES = ("/v1/", "/ors/", "/nemo-gym/")
+ORS_OPEN = frozenset({"health", "list_environments"})
+ORS_OPEN_PER_ENV = frozenset({"tools", "splits", "tasks"})
+
+
+def needs_key(path: str) -> bool:
+    """Whether ``path`` is an API path behind a key (the ORS discovery routes are not)."""
+    if not path.startswith("/ors/"):
+        return path.startswith(API_PREFIXES)
+    rest = path.removeprefix("/ors/").split("/")
+    if len(rest) == 1:
+        return rest[0] not in ORS_OPEN
+    return not (len(rest) == 2 and rest[1] in ORS_OPEN_PER_ENV)
 
 
 class KeyStore:
@@ -131,14 +145,17 @@ def _basic_password(token: str) -> str:
 
 
 def _authorization(scope: Scope) -> str | None:
+    api_key = None  # ORS clients send their key as X-API-Key
     for name, value in scope["headers"]:
         if name == b"authorization":
             return str(value.decode("latin-1"))
-    return None
+        if name == b"x-api-key":
+            api_key = "Bearer " + value.decode("latin-1")
+    return api_key
 
 
 class AuthMiddleware:
-    """Authenticates ``/v1/*``; counts every ``/v1/*`` answer per team."""
+    """Authenticates the API's paths (``needs_key``); counts their answers per team."""
 
     def __init__(self, app: ASGIApp, store: KeyStore | None):
         self.app = app
@@ -149,8 +166,9 @@ class AuthMiddleware:
             response = Response(generate_latest(PUBLIC_METRICS), media_type=CONTENT_TYPE_LATEST)
             await response(scope, receive, send)
             return
-        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
-            if scope["type"] == "http" and scope["method"] in BODY_METHODS:
+        if scope["type"] != "http" or not needs_key(scope["path"]):
+            api = scope["type"] == "http" and scope["path"].startswith(API_PREFIXES)
+            if scope["type"] == "http" and scope["method"] in BODY_METHODS and not api:
                 receive = _without_body(receive)
             await self.app(scope, receive, send)
             return

@@ -34,6 +34,31 @@ class GatewaySettings(ServiceSettings):
         default=None,
         description="Sandbox service base URL (code_tests, python_grader); unset = off.",
     )
+    envs_url: str | None = Field(
+        default=None,
+        description="Envs service base URL (`arbiter serve envs`): the environments at /ors "
+        "and /nemo-gym/envs; unset = not configured.",
+    )
+    envs_timeout_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=3600,
+        description="Deadline of one call to the envs service (a tool call that runs code "
+        "in the sandbox included).",
+    )
+    envs_tool_calls_per_minute: int = Field(
+        default=600,
+        ge=0,
+        le=10_000_000,
+        description="Environments quota: tool calls per minute per team (auth on); 0 = no limit.",
+    )
+    envs_sandbox_cpu_s_per_minute: float = Field(
+        default=300.0,
+        ge=0,
+        le=10_000_000,
+        description="Environments quota: sandbox CPU seconds per minute per team that tool "
+        "calls may use (charged after each call, as the envs service reports it); 0 = no limit.",
+    )
     recipes_file: Path | None = Field(
         default=None, description="YAML file with extra recipes (added to the built-in ones)."
     )
@@ -184,7 +209,9 @@ class GatewaySettings(ServiceSettings):
         "GATEWAY_REDIS_MAX_CONNECTIONS per team); past it: 429 quota_busy, Retry-After 1.",
     )
 
-    @field_validator("verify_url", "embedding_url", "judge_url", "sandbox_url", mode="before")
+    @field_validator(
+        "verify_url", "embedding_url", "judge_url", "sandbox_url", "envs_url", mode="before"
+    )
     @classmethod
     def _url(cls, value: Any) -> Any:
         if value is None or (isinstance(value, str) and not value.strip()):
