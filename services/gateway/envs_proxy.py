@@ -57,6 +57,7 @@ MAX_ANSWER_BYTES = 16 * 1024 * 1024  # an episode's answers are small; past this
 # Headers of the caller's request the envs service needs, and of its answer the caller gets.
 REQUEST_HEADERS = ("content-type", "accept", SESSION_HEADER.lower(), "last-event-id")
 ANSWER_HEADERS = ("content-type", "cache-control", SESSION_HEADER.lower())
+NO_TYPE = ("Content-Type",)  # a bodiless POST goes without one (aiohttp's default: bytes)
 TOOL_CALL = re.compile(r"[^/]+/call")
 
 ENVS_CALLS = Counter(
@@ -190,9 +191,11 @@ class EnvsProxy:
             async with (
                 asyncio.timeout(self.timeout_s),
                 self.slots.slot(team or "", object()),
-                self.session.request(method, url, data=body or None, headers=headers) as resp,
+                self.session.request(
+                    method, url, data=body or None, headers=headers, skip_auto_headers=NO_TYPE
+                ) as resp,
             ):
-                content = await resp.content.read(MAX_ANSWER_BYTES + 1)
+                content = await _read(resp)
                 status, answer_headers = resp.status, resp.headers
         except TimeoutError:
             ENVS_CALLS.labels(kind, "timeout").inc()
@@ -218,6 +221,17 @@ class EnvsProxy:
     async def _record(self, who: Principal, counts: Tally[str]) -> None:
         if self.teams.auth:
             await self.teams.record(who.team, +counts)
+
+
+async def _read(resp: aiohttp.ClientResponse) -> bytes:
+    """The whole body, or its first ``MAX_ANSWER_BYTES`` + 1 bytes (the caller refuses it)."""
+    parts, size = [], 0
+    async for part in resp.content.iter_chunked(64 * 1024):
+        parts.append(part)
+        size += len(part)
+        if size > MAX_ANSWER_BYTES:
+            break
+    return b"".join(parts)
 
 
 def _stored(answer: Response) -> bytes:

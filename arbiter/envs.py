@@ -1,0 +1,318 @@
+"""Python client for the environments: multi-turn episodes over the Open Reward Standard.
+
+    from arbiter.envs import EnvsClient
+
+    with EnvsClient() as envs:                       # ARBITER_URL, ARBITER_API_KEY
+        task = envs.tasks("calculator", "test")[0]
+        with envs.session("calculator", task) as episode:
+            episode.prompt()                         # [TextBlock(text="…")]
+            out = episode.call("calculate", expression="48 / 2 + 48")
+            out = episode.call("submit", answer="72")
+            out.reward, out.finished, out.metadata   # 1.0, True, {"components": …}
+
+``AsyncEnvsClient`` is the same with ``await`` (``async with envs.session(…)``). Both talk
+to the gateway's ``/ors`` (any ORS server: ``prefix=""`` for one at the root) through
+``arbiter.client.ArbiterClient``'s pools and its one retry policy (``arbiter.retry``):
+429 (honouring ``Retry-After``), 503, 504 and connection failures are retried, and every
+POST carries one ``Idempotency-Key``, the same on each of its retries, so a retried tool
+call is answered from the first try's answer instead of running twice.
+
+A tool's answer is the ORS ``ToolOutput`` (``reward`` is None until the episode's reward
+is computed; ``metadata`` holds its breakdown). A tool call the environment refused (an
+unknown tool, bad input, an episode already finished) raises ``ToolRefused`` (422, not
+retried); an error the server reports inside the SSE body raises ``Unavailable``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from types import TracebackType
+from typing import Any, TypeVar
+
+import httpx
+from pydantic import TypeAdapter, ValidationError
+
+from arbiter.client import ArbiterClient
+from arbiter.errors import MAX_MESSAGE_CHARS, BadResponse, Unavailable, Unprocessable, from_response
+from arbiter.proto.envs import (
+    SESSION_HEADER,
+    ListToolsOutput,
+    RunToolError,
+    RunToolSuccess,
+    Split,
+    TasksOutput,
+    TextBlock,
+    ToolOutput,
+    ToolSpec,
+)
+from arbiter.retry import RetryPolicy
+
+__all__ = ["AsyncEnvsClient", "AsyncSession", "EnvsClient", "Session", "ToolRefused"]
+
+ORS_PREFIX = "/ors"
+_RESULT: TypeAdapter[RunToolSuccess | RunToolError] = TypeAdapter(RunToolSuccess | RunToolError)
+_NAMES: TypeAdapter[list[str]] = TypeAdapter(list[str])
+_SPLITS: TypeAdapter[list[Split]] = TypeAdapter(list[Split])
+_BLOCKS: TypeAdapter[list[TextBlock]] = TypeAdapter(list[TextBlock])
+_TOOLS = TypeAdapter(ListToolsOutput)
+_TASKS = TypeAdapter(TasksOutput)
+T = TypeVar("T")
+
+
+class ToolRefused(Unprocessable):
+    """The environment refused a tool call (ORS ``ok: false``); ``code`` is its reason."""
+
+
+def _idem() -> dict[str, str]:
+    return {"Idempotency-Key": str(uuid.uuid4())}
+
+
+def _check(r: httpx.Response) -> httpx.Response:
+    if r.status_code != 200:
+        raise from_response(r.status_code, r.content, source="envs")
+    return r
+
+
+def _parse(adapter: TypeAdapter[T], r: httpx.Response) -> T:
+    try:
+        return adapter.validate_json(_check(r).content)
+    except ValidationError as exc:
+        where = f"HTTP 200 from {r.request.url}"
+        raise BadResponse(f"{where}: not the ORS answer: {exc}"[:MAX_MESSAGE_CHARS]) from exc
+
+
+def sse_events(text: str) -> list[tuple[str, str]]:
+    """The (event, data) pairs of an SSE body, in order (comments and ids skipped)."""
+    out: list[tuple[str, str]] = []
+    event, lines = "", []
+    for line in [*text.splitlines(), ""]:
+        if line:
+            name, _, value = line.partition(":")
+            value = value.removeprefix(" ")
+            if name == "event":
+                event = value
+            elif name == "data":
+                lines.append(value)
+            continue
+        if event or lines:
+            out.append((event or "message", "\n".join(lines)))
+        event, lines = "", []
+    return out
+
+
+def new_sid(r: httpx.Response) -> str:
+    """The session id of ``POST /create_session``'s answer (ORS: its ``task_id`` event)."""
+    for event, data in sse_events(_check(r).text):
+        if event == "task_id" and data.strip():
+            return data.strip()
+    raise BadResponse(f"{r.request.url}: no task_id event with the session id")
+
+
+def tool_output(r: httpx.Response) -> ToolOutput:
+    """A tool call's ORS SSE body as its ``ToolOutput`` (see the module docstring)."""
+    data: list[str] = []
+    for event, value in sse_events(_check(r).text):
+        if event == "error":
+            raise Unavailable(f"the environment failed: {value}"[:MAX_MESSAGE_CHARS])
+        if event in ("chunk", "end"):
+            data.append(value)
+        if event == "end":
+            break
+    else:
+        raise BadResponse(f"{r.request.url}: the SSE body has no end event")
+    try:
+        result = _RESULT.validate_json("".join(data))
+    except ValidationError as exc:
+        raise BadResponse(f"{r.request.url}: not a ToolOutput: {exc}"[:MAX_MESSAGE_CHARS]) from exc
+    if isinstance(result, RunToolError):
+        raise ToolRefused(result.error, code=result.reason or "tool_refused")
+    return result.output
+
+
+def _create_body(
+    env: str, task_spec: dict[str, Any] | None, split: str | None, index: int | None
+) -> dict[str, Any]:
+    if (task_spec is None) == (split is None or index is None):
+        raise ValueError("give either task_spec, or split and index")
+    if task_spec is not None:
+        return {"env_name": env, "task_spec": task_spec}
+    return {"env_name": env, "split": split, "index": index}
+
+
+class _Base:
+    def __init__(
+        self,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = 300.0,
+        retry: RetryPolicy | None = None,
+        prefix: str = ORS_PREFIX,
+        **httpx_kwargs: Any,
+    ) -> None:
+        self.http = ArbiterClient(
+            base_url, api_key=api_key, timeout=timeout, retry=retry, **httpx_kwargs
+        )
+        self.prefix = prefix.rstrip("/")
+        if api_key := self.http._headers.get("Authorization", "").removeprefix("Bearer "):
+            self.http._headers["X-API-Key"] = api_key  # what ORS servers read
+
+    def _args(self, method: str, path: str) -> tuple[str, str, RetryPolicy]:
+        return method, f"{self.prefix}/{path}", self.http.retry
+
+
+class EnvsClient(_Base):
+    """Sync client (the module docstring). Use as a context manager or ``close()``."""
+
+    def _req(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return self.http._request(*self._args(method, path), **kwargs)
+
+    def environments(self) -> list[str]:
+        """The environments served (``GET /list_environments``)."""
+        return _parse(_NAMES, self._req("GET", "list_environments"))
+
+    def tools(self, env: str) -> list[ToolSpec]:
+        return _parse(_TOOLS, self._req("GET", f"{env}/tools")).tools
+
+    def splits(self, env: str) -> list[Split]:
+        return _parse(_SPLITS, self._req("GET", f"{env}/splits"))
+
+    def tasks(self, env: str, split: str = "test") -> list[dict[str, Any]]:
+        r = self._req("POST", f"{env}/tasks", json={"split": split})
+        return _parse(_TASKS, r).tasks
+
+    def session(
+        self,
+        env: str,
+        task_spec: dict[str, Any] | None = None,
+        *,
+        split: str | None = None,
+        index: int | None = None,
+    ) -> Session:
+        """A new episode of ``env`` on ``task_spec`` (or the task at ``split``/``index``);
+        ended (``/delete``) when its ``with`` block ends, or by ``close()``."""
+        body = _create_body(env, task_spec, split, index)
+        sid = new_sid(self._req("POST", "create_session", headers=_idem()))
+        _check(self._req("POST", "create", json=body, headers={SESSION_HEADER: sid, **_idem()}))
+        return Session(self, env, sid)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> EnvsClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Session:
+    """One episode (``EnvsClient.session``)."""
+
+    def __init__(self, client: EnvsClient, env: str, sid: str):
+        self.client, self.env, self.sid = client, env, sid
+        self.closed = False
+
+    def _req(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {SESSION_HEADER: self.sid, **kwargs.pop("headers", {})}
+        return _check(self.client._req(method, path, headers=headers, **kwargs))
+
+    def prompt(self) -> list[TextBlock]:
+        return _parse(_BLOCKS, self._req("GET", f"{self.env}/prompt"))
+
+    def call(self, tool: str, **args: Any) -> ToolOutput:
+        """Run ``tool`` with ``args``: its ``ToolOutput`` (reward and finished included)."""
+        body = {"name": tool, "input": args}
+        return tool_output(self._req("POST", f"{self.env}/call", json=body, headers=_idem()))
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._req("POST", "delete", headers=_idem())
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+class AsyncEnvsClient(_Base):
+    """Async client (the module docstring). Use ``async with`` or ``await aclose()``."""
+
+    async def _req(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        return await self.http._arequest(*self._args(method, path), **kwargs)
+
+    async def environments(self) -> list[str]:
+        return _parse(_NAMES, await self._req("GET", "list_environments"))
+
+    async def tools(self, env: str) -> list[ToolSpec]:
+        return _parse(_TOOLS, await self._req("GET", f"{env}/tools")).tools
+
+    async def splits(self, env: str) -> list[Split]:
+        return _parse(_SPLITS, await self._req("GET", f"{env}/splits"))
+
+    async def tasks(self, env: str, split: str = "test") -> list[dict[str, Any]]:
+        r = await self._req("POST", f"{env}/tasks", json={"split": split})
+        return _parse(_TASKS, r).tasks
+
+    def session(
+        self,
+        env: str,
+        task_spec: dict[str, Any] | None = None,
+        *,
+        split: str | None = None,
+        index: int | None = None,
+    ) -> AsyncSession:
+        """``async with envs.session(...) as episode``: created on entry, ended on exit."""
+        return AsyncSession(self, env, _create_body(env, task_spec, split, index))
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+
+    async def __aenter__(self) -> AsyncEnvsClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class AsyncSession:
+    """One episode (``AsyncEnvsClient.session``); ``open()`` or ``async with`` creates it."""
+
+    def __init__(self, client: AsyncEnvsClient, env: str, body: dict[str, Any]):
+        self.client, self.env, self.body = client, env, body
+        self.sid: str | None = None
+        self.closed = False
+
+    async def open(self) -> AsyncSession:
+        r = await self.client._req("POST", "create_session", headers=_idem())
+        self.sid = new_sid(r)
+        await self._req("POST", "create", json=self.body, headers=_idem())
+        return self
+
+    async def _req(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        assert self.sid is not None, "open() the session first (or use async with)"
+        headers = {SESSION_HEADER: self.sid, **kwargs.pop("headers", {})}
+        return _check(await self.client._req(method, path, headers=headers, **kwargs))
+
+    async def prompt(self) -> list[TextBlock]:
+        return _parse(_BLOCKS, await self._req("GET", f"{self.env}/prompt"))
+
+    async def call(self, tool: str, **args: Any) -> ToolOutput:
+        body = {"name": tool, "input": args}
+        r = await self._req("POST", f"{self.env}/call", json=body, headers=_idem())
+        return tool_output(r)
+
+    async def close(self) -> None:
+        if self.sid is not None and not self.closed:
+            self.closed = True
+            await self._req("POST", "delete", headers=_idem())
+
+    async def __aenter__(self) -> AsyncSession:
+        return await self.open()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
