@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 # Each name is a package arbiter.services.<name> with settings.get_settings() and
 # app.create_app(); the order is the order ``arbiter up`` starts them in.
-SERVICES = ("verify", "embedding", "judge", "sandbox", "gateway")
+SERVICES = ("verify", "embedding", "judge", "sandbox", "envs", "gateway")
 
 log = logging.getLogger("arbiter.serve")
 

@@ -1,0 +1,1 @@
+"""The envs service: multi-turn episodes over ORS (docs/services/environments.md)."""

@@ -1,0 +1,291 @@
+"""The environments: their tools, prompts, and what a tool call does to an episode.
+
+- ``math``: ``submit(answer)``, the whole final response, scored by the ``gsm8k`` recipe
+  (math_accuracy 1.0 + format 0.5), as ``/v1/score`` would score it.
+- ``calculator``: ``calculate(expression)``, arithmetic by the graders' formula evaluator
+  (``services/graders/expression.py``: a walk over the AST, never ``eval``); ``submit(answer)``
+  scored by math_accuracy alone (``rewards.ANSWER_RECIPE``).
+- ``python``: ``run(code)`` in the sandbox (``cells.py``), ``submit(answer)`` as calculator.
+- ``code``: ``run_tests(code)`` against the task's visible tests, ``submit(code)`` scored by
+  the ``code`` recipe (code_tests, the share passed) on the hidden ones.
+
+A call returns a ``Step``: the ORS ``ToolOutput`` and the sandbox CPU it cost. A submit ends
+the episode. Bad tool input is the policy's: an ORS ``RunToolError`` (``input_validation``)
+naming the field, never an HTTP error.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from arbiter.proto.common import ArbiterModel
+from arbiter.proto.components import ScoreGroup
+from arbiter.proto.envs import CodeTask, MathTask, TextBlock, ToolOutput, ToolSpec
+from arbiter.proto.gateway import Recipe, RecipeComponent
+from arbiter.services.common.app import field_path
+from arbiter.services.envs import cells
+from arbiter.services.envs.rewards import ANSWER_RECIPE, Judged, Rewards
+from arbiter.services.envs.settings import EnvsSettings
+from arbiter.services.envs.tasks import TaskSet
+from arbiter.services.gateway.recipes import ResolvedRecipe, resolve
+from arbiter.services.graders.expression import FormulaError, evaluate, parse
+
+MAX_ANSWER = 20_000
+MAX_CODE = 50_000
+
+
+class Answer(ArbiterModel):
+    answer: str = Field(max_length=MAX_ANSWER, description="Your final answer.")
+
+
+class Expression(ArbiterModel):
+    expression: str = Field(
+        min_length=1,
+        max_length=500,
+        description="Arithmetic: numbers, + - * / ^, parentheses, and min, max, abs, "
+        "floor, ceil, exp, sqrt, log.",
+    )
+
+
+class Code(ArbiterModel):
+    code: str = Field(min_length=1, max_length=MAX_CODE, description="Python source.")
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    args: type[ArbiterModel]
+
+    def spec(self) -> ToolSpec:
+        schema = self.args.model_json_schema()
+        schema.pop("title", None)
+        return ToolSpec(name=self.name, description=self.description, input_schema=schema)
+
+
+class ToolInputError(Exception):
+    """The policy's tool input does not fit the tool: an ORS ``input_validation`` error."""
+
+
+@dataclass
+class Step:
+    output: ToolOutput
+    cpu_ms: int = 0
+    new_cell: str | None = None  # python: the cell to keep in the episode
+
+
+def text(message: str) -> list[TextBlock]:
+    return [TextBlock(text=message)]
+
+
+def judged_output(j: Judged, shown: str) -> ToolOutput:
+    return ToolOutput(blocks=text(shown), reward=j.reward, finished=True, metadata=j.metadata())
+
+
+class Environment:
+    """One environment: its tools, tasks and task model; ``call`` does one tool call."""
+
+    name: str
+    description: str
+    tools: tuple[Tool, ...]
+    task_model: type[ArbiterModel]
+    needs_sandbox = False
+
+    def __init__(self, tasks: TaskSet, rewards: Rewards, settings: EnvsSettings):
+        self.taskset = tasks
+        self.rewards = rewards
+        self.settings = settings
+
+    def tool(self, name: str) -> Tool | None:
+        return next((t for t in self.tools if t.name == name), None)
+
+    def args(self, tool: Tool, given: dict[str, Any]) -> Any:
+        try:
+            return tool.args.model_validate(given)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in ["input", *field_path(first.get("loc", ()))])
+            raise ToolInputError(f"{where}: {first['msg']}") from None
+
+    def prompt(self, task: dict[str, Any]) -> str:
+        raise NotImplementedError
+
+    async def call(
+        self, tool: Tool, args: Any, task: dict[str, Any], cells_: list[str], team: str
+    ) -> Step:
+        raise NotImplementedError
+
+
+SUBMIT = Tool("submit", "Submit your final answer; this ends the episode.", Answer)
+MATH_PROMPT = (
+    "Solve the math problem. Reason step by step inside <think>...</think>, then give the "
+    "final number inside <answer>...</answer>. Call submit with that whole response."
+)
+TOOL_PROMPT = "Solve the math problem. {how} When you know the answer, call submit with it."
+
+
+class Math(Environment):
+    name = "math"
+    description = "GSM8K: submit the response; the gsm8k recipe scores it."
+    tools: tuple[Tool, ...] = (
+        Tool("submit", "Submit your whole final response; this ends the episode.", Answer),
+    )
+    task_model = MathTask
+    recipe_name = "gsm8k"
+
+    def prompt(self, task: dict[str, Any]) -> str:
+        return f"{MATH_PROMPT}\n\n{task['question']}"
+
+    def scoring(self) -> ResolvedRecipe:
+        return self.rewards.recipe(self.recipe_name)
+
+    async def submit(self, answer: str, task: dict[str, Any], team: str) -> Step:
+        group = ScoreGroup(prompt=task["question"], reference=task["answer"], responses=[answer])
+        j = await self.rewards.score(self.scoring(), group, team)
+        verdict = (
+            "scored"
+            if j.reward is not None
+            else "not scored: " + "; ".join(e["message"] for e in j.errors)
+        )
+        return Step(judged_output(j, f"Submitted; {verdict}."))
+
+    async def call(
+        self, tool: Tool, args: Any, task: dict[str, Any], cells_: list[str], team: str
+    ) -> Step:
+        return await self.submit(args.answer, task, team)
+
+
+class Calculator(Math):
+    name = "calculator"
+    description = "GSM8K with a calculator; submit the answer (math_accuracy)."
+    tools = (
+        Tool("calculate", "Evaluate an arithmetic expression.", Expression),
+        SUBMIT,
+    )
+
+    def prompt(self, task: dict[str, Any]) -> str:
+        how = "You may call calculate(expression) for arithmetic."
+        return f"{TOOL_PROMPT.format(how=how)}\n\n{task['question']}"
+
+    def scoring(self) -> ResolvedRecipe:
+        return ANSWER_RECIPE
+
+    async def call(
+        self, tool: Tool, args: Any, task: dict[str, Any], cells_: list[str], team: str
+    ) -> Step:
+        if tool.name == "submit":
+            return await self.submit(args.answer, task, team)
+        try:
+            value = evaluate(parse(args.expression, frozenset()), {})
+        except FormulaError as exc:
+            return Step(ToolOutput(blocks=text(f"error: {exc}"), metadata={"error": str(exc)}))
+        shown = str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+        return Step(ToolOutput(blocks=text(shown), metadata={"value": value}))
+
+
+class Python(Math):
+    name = "python"
+    description = "GSM8K with a Python interpreter (sandboxed); submit the answer."
+    tools = (
+        Tool(
+            "run",
+            "Run Python code; what it prints comes back. Variables persist across calls "
+            "(earlier code runs again first).",
+            Code,
+        ),
+        SUBMIT,
+    )
+    needs_sandbox = True
+
+    def prompt(self, task: dict[str, Any]) -> str:
+        how = "You may call run(code) to run Python; print what you want to see."
+        return f"{TOOL_PROMPT.format(how=how)}\n\n{task['question']}"
+
+    def scoring(self) -> ResolvedRecipe:
+        return ANSWER_RECIPE
+
+    async def call(
+        self, tool: Tool, args: Any, task: dict[str, Any], cells_: list[str], team: str
+    ) -> Step:
+        if tool.name == "submit":
+            return await self.submit(args.answer, task, team)
+        if len(cells_) >= self.settings.max_cells:
+            raise ToolInputError(
+                f"input.code: this episode has run {len(cells_)} cells, the most it may "
+                f"(ENVS_MAX_CELLS); submit an answer"
+            )
+        group = ScoreGroup(
+            reference=cells.reference(), responses=[cells.program([*cells_, args.code])]
+        )
+        j = await self.rewards.score(run_recipe(self.settings.run_timeout_s), group, team)
+        return Step(
+            ToolOutput(blocks=text(cells.output(j.info.get("code_tests", {})))),
+            cpu_ms=j.cpu_ms,
+            new_cell=args.code,
+        )
+
+
+class CodeEnv(Environment):
+    name = "code"
+    description = "Write a Python function; run_tests shows the visible tests, submit is "
+    "scored by code_tests on the hidden ones."
+    tools = (
+        Tool("run_tests", "Run your code against the task's visible tests.", Code),
+        Tool("submit", "Submit your code; hidden tests score it; this ends the episode.", Code),
+    )
+    task_model = CodeTask
+    needs_sandbox = True
+
+    def prompt(self, task: dict[str, Any]) -> str:
+        return (
+            f"Write the Python function `{task['entry_point']}`.\n\n{task['prompt']}\n\n"
+            f"Visible tests:\n{task['tests']}"
+        )
+
+    async def call(
+        self, tool: Tool, args: Any, task: dict[str, Any], cells_: list[str], team: str
+    ) -> Step:
+        tests = (
+            task["tests"] if tool.name == "run_tests" else task.get("hidden_tests") or task["tests"]
+        )
+        reference = json.dumps({"tests": tests, "entry_point": task["entry_point"]})
+        group = ScoreGroup(prompt=task["prompt"], reference=reference, responses=[args.code])
+        recipe = (
+            run_recipe(self.settings.run_timeout_s)
+            if tool.name == "run_tests"
+            else self.rewards.recipe("code")
+        )
+        j = await self.rewards.score(recipe, group, team)
+        if tool.name == "submit":
+            return Step(judged_output(j, "Submitted."), cpu_ms=j.cpu_ms)
+        return Step(ToolOutput(blocks=text(test_report(j)), metadata=j.metadata()), cpu_ms=j.cpu_ms)
+
+
+def test_report(j: Judged) -> str:
+    info = j.info.get("code_tests", {})
+    if j.components.get("code_tests") is None:
+        return "; ".join(e["message"] for e in j.errors) or "the tests did not run"
+    lines = [f"passed {info.get('passed')} of {info.get('tests')} tests"]
+    for index, reason in sorted((info.get("failed") or {}).items(), key=lambda kv: int(kv[0])):
+        lines.append(f"test {index}: {reason}")
+    return "\n".join(lines)
+
+
+@lru_cache(maxsize=4)
+def run_recipe(timeout_s: float) -> ResolvedRecipe:
+    """code_tests with the run's CPU time (the share passed; not a reward)."""
+    params = {"timeout_s": timeout_s}
+    return resolve(
+        Recipe(
+            name="envs-run",
+            components=[RecipeComponent(name="code_tests", weight=1.0, params=params)],
+        )
+    )
+
+
+ENVIRONMENTS: tuple[type[Environment], ...] = (Math, Calculator, Python, CodeEnv)

@@ -1,0 +1,160 @@
+"""The envs service's work, importable without FastAPI: discovery, episodes, tool calls.
+
+Built once at start-up (``app.state.envs``). Every episode method takes the team (the
+gateway's ``X-Arbiter-Team``) and the sid; the state is ``store.Store``'s.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from arbiter.errors import BadRequest, NotFound
+from arbiter.proto.envs import (
+    SSE_CHUNK_CHARS,
+    CreateEpisode,
+    ListToolsOutput,
+    RunToolError,
+    RunToolSuccess,
+    Split,
+    TextBlock,
+    ToolCall,
+    ToolOutput,
+    Usage,
+)
+from arbiter.services.envs.environments import ENVIRONMENTS, Environment, ToolInputError
+from arbiter.services.envs.rewards import Rewards
+from arbiter.services.envs.settings import EnvsSettings
+from arbiter.services.envs.store import Episode, Store
+from arbiter.services.envs.tasks import checked, load_code, load_gsm8k
+
+log = logging.getLogger("arbiter.envs")
+
+
+@dataclass(frozen=True)
+class Called:
+    """A tool call's answer: the ORS result (JSON) and what it cost."""
+
+    result: str
+    usage: Usage
+
+    def sse(self, task_id: str) -> str:
+        """ORS's SSE body: ``task_id``, then the result in chunks, the last one ``end``."""
+        events = [("task_id", task_id)]
+        pieces = [
+            self.result[i : i + SSE_CHUNK_CHARS]
+            for i in range(0, len(self.result), SSE_CHUNK_CHARS)
+        ]
+        events += [("end" if i == len(pieces) - 1 else "chunk", p) for i, p in enumerate(pieces)]
+        return "".join(f"event: {e}\ndata: {d}\n\n" for e, d in events)
+
+
+class Envs:
+    def __init__(self, settings: EnvsSettings, store: Store, rewards: Rewards):
+        self.settings = settings
+        self.store = store
+        self.rewards = rewards
+        gsm8k = load_gsm8k(settings.gsm8k_dir)
+        code = load_code()
+        self.envs: dict[str, Environment] = {}
+        for cls in ENVIRONMENTS:
+            if cls.needs_sandbox and settings.sandbox_url is None:
+                continue  # not offered: no sandbox to run its code
+            tasks = code if cls.name == "code" else gsm8k
+            self.envs[cls.name] = cls(tasks, rewards, settings)
+
+    # ---- discovery
+
+    def env(self, name: str) -> Environment:
+        found = self.envs.get(name.lower())
+        if found is None:
+            raise NotFound(
+                f"env_name: unknown environment {name[:64]!r}; known: {', '.join(self.envs)}",
+                param="env_name",
+                code="unknown_environment",
+            )
+        return found
+
+    def names(self) -> list[str]:
+        return list(self.envs)
+
+    def tools(self, name: str) -> ListToolsOutput:
+        return ListToolsOutput(tools=[t.spec() for t in self.env(name).tools])
+
+    def splits(self, name: str) -> list[Split]:
+        return self.env(name).taskset.split_list()
+
+    def tasks(self, name: str, split: str) -> list[dict[str, Any]]:
+        return self.env(name).taskset.tasks(split)
+
+    # ---- episodes
+
+    @staticmethod
+    def new_sid() -> str:
+        return str(uuid.uuid4())
+
+    async def create(self, team: str, sid: str, req: CreateEpisode) -> None:
+        if req.toolset_name is not None:
+            raise BadRequest("toolset_name: no toolsets are offered here", param="toolset_name")
+        if req.env_name is None:
+            raise BadRequest("env_name: name the environment", param="env_name")
+        env = self.env(req.env_name)
+        task: dict[str, Any]
+        if req.task_spec is not None:
+            task = checked(env.task_model, req.task_spec).model_dump(mode="json")
+        else:
+            assert req.split is not None and req.index is not None  # CreateEpisode checks
+            task = env.taskset.task(req.split, req.index)
+        await self.store.create(team, sid, Episode(env=env.name, task=task))
+
+    async def prompt(self, team: str, sid: str, name: str) -> list[TextBlock]:
+        episode = await self.store.load(team, sid)
+        env = self._env_of(episode, name)
+        return [TextBlock(text=env.prompt(episode.task))]
+
+    async def call(self, team: str, sid: str, name: str, call: ToolCall) -> Called:
+        episode = await self.store.load(team, sid)
+        env = self._env_of(episode, name)
+        tool = env.tool(call.name)
+        if tool is None:
+            known = ", ".join(t.name for t in env.tools)
+            return refused(f"name: no tool {call.name[:64]!r} in {env.name}; known: {known}",
+                           "not_found")  # fmt: skip
+        if episode.finished:
+            return refused("the episode is finished (submit was called)", "episode_finished")
+        try:
+            args = env.args(tool, dict(call.input))
+            step = await env.call(tool, args, episode.task, episode.cells, team)
+        except ToolInputError as exc:
+            return refused(str(exc), "input_validation")
+        episode.calls += 1
+        episode.finished = step.output.finished
+        if step.new_cell is not None:
+            episode.cells.append(step.new_cell)
+        await self.store.save(team, sid, episode)
+        result = RunToolSuccess(output=step.output).model_dump_json()
+        return Called(result, Usage(tool_calls=1, sandbox_cpu_ms=step.cpu_ms))
+
+    def _env_of(self, episode: Episode, name: str) -> Environment:
+        if name.lower() != episode.env:
+            raise BadRequest(
+                f"env_name: this episode is of {episode.env!r}, not {name[:64]!r}",
+                param="env_name",
+                code="wrong_environment",
+            )
+        return self.env(episode.env)
+
+
+def refused(message: str, reason: Any) -> Called:
+    """A tool call refused inside the ORS body (``ok: false``): it cost a call, no CPU."""
+    return Called(RunToolError(error=message, reason=reason).model_dump_json(), Usage())
+
+
+def usage_header(usage: Usage) -> str:
+    return json.dumps(usage.model_dump(), separators=(",", ":"))
+
+
+__all__ = ["Called", "Envs", "ToolOutput", "usage_header"]
