@@ -3,7 +3,7 @@
 For a request with a body it
 
 1. refuses a ``Content-Type`` that is not JSON (415 ``unsupported_media_type``) without
-   reading the body;
+   reading the body (an empty body passes, whatever it is labelled);
 2. refuses a body whose ``Content-Length`` is over ``<PREFIX>_MAX_BODY_BYTES`` at once, and
    counts the bytes of one sent in chunks, refusing it as soon as the count passes the
    limit (413 ``body_too_large``): a 50 MB body is never held in memory. The bodies of all
@@ -170,7 +170,10 @@ class LimitsMiddleware:
             return
         headers = dict(scope["headers"])
         content_type = headers.get(b"content-type", b"").decode("latin-1")
-        if content_type and not is_json_type(content_type):
+        length = headers.get(b"content-length", b"")
+        # an empty body has no media type to refuse: aiohttp labels a bodiless POST (ORS's
+        # /ping, /delete) application/octet-stream
+        if content_type and not is_json_type(content_type) and length != b"0":
             await _refuse(
                 scope,
                 send,
@@ -180,7 +183,6 @@ class LimitsMiddleware:
                 ),
             )
             return
-        length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_body_bytes:
             await _refuse(scope, send, self._too_large(length.decode()))
             return

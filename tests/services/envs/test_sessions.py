@@ -149,3 +149,12 @@ def test_sandbox_down_is_retryable_never_zero(
     finally:
         sandbox.stop()
         proc.stop()
+
+
+def test_bodiless_posts_as_aiohttp_sends_them(episodes: Episodes, envs_url: str) -> None:
+    # the openreward SDK's /ping and /delete: no body, labelled application/octet-stream
+    sid = episodes.create("calculator", task_spec=GSM)
+    h = {**episodes.headers(sid), "content-type": "application/octet-stream"}
+    assert httpx.post(f"{envs_url}/ping", headers=h).json() == {"status": "ok"}
+    assert httpx.post(f"{envs_url}/delete", headers=h).json() == {"sid": sid}
+    assert httpx.post(f"{envs_url}/ping", headers=h).status_code == 404
