@@ -152,6 +152,7 @@ def served(venv: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
     procs: list[ManagedProcess] = [redis]
     urls: dict[str, str] = {}
     env = {"verify": {"VERIFY_WORKERS": "1"}, "embedding": {"EMBEDDING_DEVICE": "cpu"},
+           "envs": {"ENVS_STATE_REDIS_URL": redis_url},
            "gateway": {"REDIS_URL": redis_url}}  # fmt: skip
     try:
         for name in SERVICES:  # in start order: the gateway last

@@ -41,7 +41,7 @@ def create_app(settings: EnvsSettings | None = None) -> FastAPI:
         envs: Envs | None = getattr(app.state, "envs", None)
         if envs is None:
             return {"envs": "starting"}
-        return {"state": await envs.store.check()}
+        return {"state": await envs.store.check(), "gsm8k": envs.gsm8k_check}
 
     return create_service_app(
         service="envs",

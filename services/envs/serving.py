@@ -57,7 +57,9 @@ class Envs:
         self.settings = settings
         self.store = store
         self.rewards = rewards
-        gsm8k = load_gsm8k(settings.gsm8k_dir)
+        gsm8k, self.gsm8k_check = load_gsm8k(settings.gsm8k_dir)
+        if self.gsm8k_check != "ok":
+            log.warning("GSM8K tasks not loaded: %s", self.gsm8k_check)
         code = load_code()
         self.envs: dict[str, Environment] = {}
         for cls in ENVIRONMENTS:

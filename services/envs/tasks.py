@@ -38,8 +38,9 @@ class TaskSet:
     def tasks(self, split: str) -> list[dict[str, Any]]:
         found = self.splits.get(split)
         if found is None:
+            known = ", ".join(self.splits) or "none (give a task_spec)"
             raise BadRequest(
-                f"split: unknown split {split[:64]!r}; known: {', '.join(self.splits)}",
+                f"split: unknown split {split[:64]!r}; known: {known}",
                 param="split",
                 code="unknown_split",
             )
@@ -60,8 +61,13 @@ def _split_type(name: str) -> Any:
     return name if name in ("train", "validation", "test") else "validation"
 
 
-def load_gsm8k(folder: Path | None) -> TaskSet:
-    folder = gsm8k.require(folder)
+def load_gsm8k(folder: Path | None) -> tuple[TaskSet, str]:
+    """GSM8K's splits and "ok"; without the data, no splits and why (the readiness check's
+    "degraded: …": the math environments then take a caller's ``task_spec`` only)."""
+    try:
+        folder = gsm8k.require(folder)
+    except FileNotFoundError as exc:
+        return TaskSet({}), f"degraded: {exc}"
     splits: dict[str, list[dict[str, Any]]] = {}
     for split in ("train", "test"):
         path = folder / f"{split}.jsonl"
@@ -72,7 +78,7 @@ def load_gsm8k(folder: Path | None) -> TaskSet:
             {"id": f"gsm8k/{split}/{i}", "question": r["question"], "answer": r["answer"]}
             for i, r in enumerate(rows)
         ]
-    return TaskSet(splits)
+    return TaskSet(splits), "ok"
 
 
 def load_code(path: Path = CODE_TASKS) -> TaskSet:
