@@ -105,7 +105,8 @@ def test_site_builds_strictly(site: Path) -> None:
 def test_settings_tables_list_every_field(site: Path, name: str) -> None:
     cls = settings_class(name)
     prefix = str(cls.model_config.get("env_prefix", "")).upper()
-    for path in (f"services/{name}", "operations/settings"):
+    page = {"envs": "environments"}.get(name, name)  # a page named for what it serves
+    for path in (f"services/{page}", "operations/settings"):
         text = _page(site, path)
         for field, info in cls.model_fields.items():
             alias = info.validation_alias
