@@ -118,6 +118,7 @@ def test_service_process_defaults_to_the_settings_port() -> None:
         assert proc.argv[-4:] == ["serve", name, "--port", str(default_port(name))]
     assert {n: default_port(n) for n in SERVICES} == {
         "gateway": 8000, "verify": 8001, "embedding": 8002, "judge": 8003, "sandbox": 8004,
+        "envs": 8005,
     }  # fmt: skip
 
 
