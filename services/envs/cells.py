@@ -59,6 +59,15 @@ def _run():
 
 def {entry}(k):
     if not _OUT:
+        # A test after the one whose process died running the cells (a loop past its CPU
+        # time, memory) starts a fresh process: the mark keeps it from running them again.
+        try:
+            with open("/tmp/.arbiter-cells", "x"):
+                pass
+        except FileExistsError:
+            return ""
+        except OSError:
+            pass
         _run()
     pieces = _OUT[0]
     return pieces[k] if k < len(pieces) else ""
@@ -75,10 +84,11 @@ def reference() -> str:
     return json.dumps({"tests": TESTS, "entry_point": ENTRY})
 
 
-def output(info: dict[str, Any]) -> str:
+def output(info: dict[str, Any]) -> tuple[str, bool]:
     """The last cell's output from ``code_tests``' notes on the job (``failed``: test
-    index -> reason). A reason that is not a piece says why the program ended instead
-    (killed past its CPU time, out of memory): that is the output then."""
+    index -> reason), and whether the cells ran to their end. A reason that is not a piece
+    says why the program ended instead (killed past its CPU time, out of memory): that is
+    the output then, and the cell is not kept (every later run would end the same way)."""
     failed = info.get("failed") or {}
     pieces: list[str] = []
     for k in range(PIECES):
@@ -87,10 +97,10 @@ def output(info: dict[str, Any]) -> str:
             break
         reason = str(reason)
         if not reason.startswith(PREFIX):
-            return f"[the run ended: {reason}]"
+            return f"[the run ended: {reason}; this cell is not kept]", False
         pieces.append(reason[len(PREFIX) :])
     data = "".join(pieces)
     try:
-        return base64.b64decode(data, validate=True).decode("utf-8", "replace")
+        return base64.b64decode(data, validate=True).decode("utf-8", "replace"), True
     except ValueError:
-        return "[the run's output could not be read back]"
+        return "[the run's output could not be read back; this cell is not kept]", False

@@ -223,10 +223,9 @@ class Python(Math):
             reference=cells.reference(), responses=[cells.program([*cells_, args.code])]
         )
         j = await self.rewards.score(run_recipe(self.settings.run_timeout_s), group, team)
+        shown, ran = cells.output(j.info.get("code_tests", {}))
         return Step(
-            ToolOutput(blocks=text(cells.output(j.info.get("code_tests", {})))),
-            cpu_ms=j.cpu_ms,
-            new_cell=args.code,
+            ToolOutput(blocks=text(shown)), cpu_ms=j.cpu_ms, new_cell=args.code if ran else None
         )
 
 

@@ -126,7 +126,7 @@ def sandbox_url(log_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def envs_url(log_dir: Path, state_redis: str, verify_url: str, sandbox_url: str) -> Iterator[str]:
-    proc, url = start_envs(log_dir, state_redis, verify_url, sandbox_url)
+    proc, url = start_envs(log_dir, state_redis, verify_url, sandbox_url, ENVS_RUN_TIMEOUT_S="2")
     yield url
     proc.stop()
 

@@ -72,6 +72,18 @@ def test_python_episode_keeps_state_across_cells(episodes: Episodes) -> None:
     assert done.result["output"]["reward"] == 1.0
 
 
+def test_python_cell_that_never_ends_is_not_kept(episodes: Episodes) -> None:
+    sid = episodes.create("python", task_spec=GSM)
+    episodes.call("python", sid, "run", code="n = 41")
+    loop = episodes.call("python", sid, "run", code="while True:\n    n += 0")
+    shown = loop.result["output"]["blocks"][0]["text"]
+    assert shown.startswith("[the run ended:") and "not kept" in shown, shown
+    # one run of the loop, not one per output piece: its CPU is about ENVS_RUN_TIMEOUT_S
+    assert loop.usage["sandbox_cpu_ms"] < 3 * 2000
+    after = episodes.call("python", sid, "run", code="print(n + 1)")
+    assert after.result["output"]["blocks"][0]["text"] == "42\n"
+
+
 def test_python_run_reads_nothing_of_another_session(episodes: Episodes) -> None:
     secret = "s3cret-" + "x" * 8
     mine = episodes.create("python", task_spec=GSM)
