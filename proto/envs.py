@@ -57,6 +57,28 @@ class ListTasks(ArbiterModel):
     split: str = Field(max_length=64)
 
 
+class GetTask(ArbiterModel):
+    split: str = Field(max_length=64)
+    index: int = Field(ge=0)
+
+
+class GetTaskRange(ArbiterModel):
+    """Tasks ``[start:stop]`` of a split, as Python slices them (negative, or unset)."""
+
+    split: str = Field(max_length=64)
+    start: int | None = None
+    stop: int | None = None
+
+
+class NumTasks(ArbiterModel):
+    num_tasks: int
+
+
+class TaskOutput(ArbiterModel):
+    task: JsonObject
+    env_name: str
+
+
 class TasksOutput(ArbiterModel):
     tasks: list[JsonObject]
     env_name: str

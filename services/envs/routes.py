@@ -19,11 +19,15 @@ from arbiter.proto.envs import (
     SESSION_HEADER,
     USAGE_HEADER,
     CreateEpisode,
+    GetTask,
+    GetTaskRange,
     ListTasks,
     ListToolsOutput,
+    NumTasks,
     SessionId,
     Split,
     Status,
+    TaskOutput,
     TasksOutput,
     TextBlock,
     ToolCall,
@@ -93,6 +97,24 @@ async def splits(env_name: str, envs: EnvsDep) -> Response:
 @router.post("/{env_name}/tasks", response_model=TasksOutput)
 async def tasks(env_name: str, req: ListTasks, envs: EnvsDep) -> Response:
     found = envs.tasks(env_name, req.split)
+    return _json({"tasks": found, "env_name": env_name})
+
+
+# The openreward SDK's index-based task routes, beside ORS's /tasks.
+@router.post("/{env_name}/num_tasks", response_model=NumTasks)
+async def num_tasks(env_name: str, req: ListTasks, envs: EnvsDep) -> JSONBody:
+    return JSONBody(NumTasks(num_tasks=len(envs.tasks(env_name, req.split))))
+
+
+@router.post("/{env_name}/task", response_model=TaskOutput)
+async def task(env_name: str, req: GetTask, envs: EnvsDep) -> Response:
+    found = envs.env(env_name).taskset.task(req.split, req.index)
+    return _json({"task": found, "env_name": env_name})
+
+
+@router.post("/{env_name}/task_range", response_model=TasksOutput)
+async def task_range(env_name: str, req: GetTaskRange, envs: EnvsDep) -> Response:
+    found = envs.tasks(env_name, req.split)[req.start : req.stop]
     return _json({"tasks": found, "env_name": env_name})
 
 

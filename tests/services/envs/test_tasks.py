@@ -32,3 +32,14 @@ def test_without_gsm8k_the_math_envs_take_a_task_spec(
         assert done.result["output"]["reward"] == 1.5
     finally:
         proc.stop()
+
+
+def test_index_routes_of_the_openreward_sdk(envs_url: str) -> None:
+    n = httpx.post(f"{envs_url}/code/num_tasks", json={"split": "test"}).json()["num_tasks"]
+    assert n == 11
+    one = httpx.post(f"{envs_url}/code/task", json={"split": "test", "index": 5}).json()
+    assert one["env_name"] == "code" and one["task"]["id"] == "Mbpp/2"
+    last = httpx.post(f"{envs_url}/code/task_range", json={"split": "test", "start": -2}).json()
+    assert [t["id"] for t in last["tasks"]] == ["Mbpp/126", "Mbpp/160"]
+    past = httpx.post(f"{envs_url}/code/task", json={"split": "test", "index": 11})
+    assert past.status_code == 400 and past.json()["error"]["param"] == "index"
