@@ -12,7 +12,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from arbiter.errors import BadRequest, NotFound
+from prometheus_client import Counter
+
+from arbiter.errors import ArbiterError, BadRequest, NotFound
 from arbiter.proto.envs import (
     SSE_CHUNK_CHARS,
     CreateEpisode,
@@ -33,6 +35,13 @@ from arbiter.services.envs.tasks import checked, load_code, load_gsm8k
 
 log = logging.getLogger("arbiter.envs")
 
+TOOL_CALLS = Counter(
+    "arbiter_envs_tool_calls_total",
+    "Tool calls by environment, tool and outcome: ok, the ORS refusal's reason, or the error "
+    "kind of a failure that was not the policy's (the call answered 503/504).",
+    ["env", "tool", "outcome"],
+)
+
 
 @dataclass(frozen=True)
 class Called:
@@ -40,6 +49,7 @@ class Called:
 
     result: str
     usage: Usage
+    outcome: str = "ok"  # the refusal's reason when the call was refused
 
     def sse(self, task_id: str) -> str:
         """ORS's SSE body: ``task_id``, then the result in chunks, the last one ``end``."""
@@ -121,6 +131,19 @@ class Envs:
         episode = await self.store.load(team, sid)
         env = self._env_of(episode, name)
         tool = env.tool(call.name)
+        label = tool.name if tool is not None else "(unknown)"  # a caller's names stay out
+        try:
+            called = await self._call(team, sid, episode, env, call)
+        except ArbiterError as exc:
+            TOOL_CALLS.labels(env.name, label, exc.kind).inc()
+            raise
+        TOOL_CALLS.labels(env.name, label, called.outcome).inc()
+        return called
+
+    async def _call(
+        self, team: str, sid: str, episode: Episode, env: Environment, call: ToolCall
+    ) -> Called:
+        tool = env.tool(call.name)
         if tool is None:
             known = ", ".join(t.name for t in env.tools)
             return refused(f"name: no tool {call.name[:64]!r} in {env.name}; known: {known}",
@@ -152,7 +175,8 @@ class Envs:
 
 def refused(message: str, reason: Any) -> Called:
     """A tool call refused inside the ORS body (``ok: false``): it cost a call, no CPU."""
-    return Called(RunToolError(error=message, reason=reason).model_dump_json(), Usage())
+    body = RunToolError(error=message, reason=reason).model_dump_json()
+    return Called(body, Usage(), outcome=reason)
 
 
 def usage_header(usage: Usage) -> str:

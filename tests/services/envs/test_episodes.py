@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import pytest
 
@@ -147,4 +145,8 @@ def test_unknown_tool_and_bad_input_are_ors_errors(episodes: Episodes) -> None:
     bad = episodes.call("calculator", sid, "calculate", expr="1+1")
     assert bad.result["reason"] == "input_validation"
     assert bad.result["error"].startswith("input.expression:"), bad.result
-    assert json.loads(json.dumps(bad.usage)) == {"tool_calls": 1, "sandbox_cpu_ms": 0}
+    assert bad.usage == {"tool_calls": 1, "sandbox_cpu_ms": 0}
+    metrics = httpx.get(f"{episodes.url}/metrics").text
+    counted = 'arbiter_envs_tool_calls_total{env="calculator",outcome="%s",tool="%s"}'
+    assert counted % ("not_found", "(unknown)") in metrics
+    assert counted % ("input_validation", "calculate") in metrics
