@@ -21,6 +21,7 @@ from fastapi import APIRouter, Header, Request
 from starlette.responses import Response
 
 from arbiter.proto.errors import ErrorResponse
+from arbiter.services.common.app import ERROR_RESPONSES
 from arbiter.services.gateway.auth import principal
 from arbiter.services.gateway.envs_proxy import EnvsProxy
 from arbiter.services.gateway.idempotency import HEADER
@@ -38,7 +39,7 @@ SSE: dict[int | str, dict[str, Any]] = {
 OPEN_ERRORS = _errors(404, 422, 503, 504)
 KEYED_ERRORS = _errors(401, 403, 404, 409, 422, 429, 503, 504)
 
-router = APIRouter(prefix=PREFIX, tags=["environments (ORS)"])
+router = APIRouter(prefix=PREFIX, tags=["environments (ORS)"], responses=ERROR_RESPONSES)
 _IDEMPOTENCY = Header(
     alias=HEADER,
     description="Any unique string per call, the same on its retries: a retry gets the "
