@@ -158,3 +158,25 @@ def test_bodiless_posts_as_aiohttp_sends_them(episodes: Episodes, envs_url: str)
     assert httpx.post(f"{envs_url}/ping", headers=h).json() == {"status": "ok"}
     assert httpx.post(f"{envs_url}/delete", headers=h).json() == {"sid": sid}
     assert httpx.post(f"{envs_url}/ping", headers=h).status_code == 404
+
+
+def test_concurrent_submits_on_one_episode_score_once(episodes: Episodes, envs_url: str) -> None:
+    sid = episodes.create("calculator", task_spec=GSM)
+    headers = episodes.headers(sid)
+    submit = {"name": "submit", "input": {"answer": "42"}}
+
+    async def main() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=envs_url, timeout=60) as client:
+            calls = (
+                client.post("/calculator/call", json=submit, headers=headers) for _ in range(8)
+            )
+            return await asyncio.gather(*calls)
+
+    answers = asyncio.run(main())
+    scored = [r for r in answers if r.status_code == 200 and '"ok":true' in r.text]
+    assert len(scored) == 1  # the others: 409 session_busy, or refused as finished
+    for r in answers:
+        if r.status_code == 409:
+            assert r.json()["error"]["code"] == "session_busy"
+        elif r is not scored[0]:
+            assert r.status_code == 200 and "episode_finished" in r.text
