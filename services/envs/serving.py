@@ -24,7 +24,6 @@ from arbiter.proto.envs import (
     Split,
     TextBlock,
     ToolCall,
-    ToolOutput,
     Usage,
 )
 from arbiter.services.envs.environments import ENVIRONMENTS, Environment, ToolInputError
@@ -181,6 +180,3 @@ def refused(message: str, reason: Any) -> Called:
 
 def usage_header(usage: Usage) -> str:
     return json.dumps(usage.model_dump(), separators=(",", ":"))
-
-
-__all__ = ["Called", "Envs", "ToolOutput", "usage_header"]
