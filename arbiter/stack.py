@@ -1,7 +1,8 @@
 """``arbiter up``: Redis and every service as local processes, offline defaults.
 
 Starts redis-server (bound to 127.0.0.1), verify, embedding (unless ``--no-embedding``),
-judge (when a judge server is given), sandbox (unless ``--no-sandbox``) and the gateway;
+judge (when a judge server is given), sandbox (unless ``--no-sandbox``), envs (the
+environments, served by the gateway at ``/ors`` and ``/nemo-gym/envs``) and the gateway;
 waits until each is ready; scores a few GSM8K samples through the gateway and prints them
 with the recipes the gateway can serve; then keeps the stack running until Ctrl-C or
 SIGTERM, and stops every child process on the way out.
@@ -9,7 +10,8 @@ SIGTERM, and stops every child process on the way out.
 The sandbox (recipes ``code`` and ``code-all``) needs bubblewrap and a kernel that lets an
 unprivileged user make user namespaces. Where bwrap is missing, or the sandbox does not
 start, ``arbiter up`` says so in one line and runs without it: the gateway then has no
-GATEWAY_SANDBOX_URL and refuses the code recipes (422 component_not_configured).
+GATEWAY_SANDBOX_URL and refuses the code recipes (422 component_not_configured), and the
+envs service offers no ``python`` or ``code`` environment.
 
 While it runs, a child that exits is restarted with back-off and logged
 (``arbiter.supervise.Supervisor``); its children never outlive it, even when it is killed
@@ -23,9 +25,9 @@ state. Both persist as in compose, an append-only file fsynced every second
 ``<logs>/state-redis``, so the state survives a restart of Redis or of ``arbiter up``.
 
 Ports: each service's own setting (gateway 8000, verify 8001, embedding 8002, judge 8003,
-sandbox 8004), Redis 6379 and the state Redis 6380; ``--port-base N`` (or
-``ARBITER_PORT_BASE=N``) moves them all together, in that order from N, Redis at N+5, the
-state Redis at N+6, so a second stack or a machine where 8000 or 6379 is taken needs one
+sandbox 8004, envs 8005), Redis 6379 and the state Redis 6380; ``--port-base N`` (or
+``ARBITER_PORT_BASE=N``) moves them all together, in that order from N, Redis at N+6, the
+state Redis at N+7, so a second stack or a machine where 8000 or 6379 is taken needs one
 setting. A single port flag still wins. The banner prints the
 ``export ARBITER_URL=...`` line that points clients, the CLI and the trainer at this stack.
 
@@ -74,8 +76,8 @@ def _port_free(port: int) -> bool:
 PORT_BASE_ENV = "ARBITER_PORT_BASE"
 # each process's offset from --port-base: the services in their default ports' order, then Redis
 PORT_OFFSETS = {
-    "gateway": 0, "verify": 1, "embedding": 2, "judge": 3, "sandbox": 4, "redis": 5,
-    "state_redis": 6,
+    "gateway": 0, "verify": 1, "embedding": 2, "judge": 3, "sandbox": 4, "envs": 5, "redis": 6,
+    "state_redis": 7,
 }  # fmt: skip
 REDIS_PORTS = {"redis": 6379, "state_redis": 6380}
 
@@ -131,6 +133,9 @@ def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
     env: dict[str, dict[str, str]] = {name: {} for name in SERVICES}
     env["gateway"]["REDIS_URL"] = f"redis://127.0.0.1:{args.redis_port}/0"
     env["gateway"]["GATEWAY_STATE_REDIS_URL"] = f"redis://127.0.0.1:{state_port}/0"
+    env["envs"]["ENVS_STATE_REDIS_URL"] = f"redis://127.0.0.1:{state_port}/0"  # the same
+    if getattr(args, "data", None):
+        env["envs"]["ENVS_GSM8K_DIR"] = str(Path(args.data).resolve())
     if getattr(args, "host", None):  # only the gateway is public; the rest stay on loopback
         env["gateway"]["GATEWAY_HOST"] = args.host
     if getattr(args, "keys", None):  # auth on: GATEWAY_KEY_SECRET comes from the environment
@@ -160,6 +165,8 @@ def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
         procs.append(proc)
         if name != "gateway":
             env["gateway"][f"GATEWAY_{name.upper()}_URL"] = f"http://127.0.0.1:{proc.port}"
+        if name in ("verify", "sandbox"):  # the environments' rewards and code runs
+            env["envs"][f"ENVS_{name.upper()}_URL"] = f"http://127.0.0.1:{proc.port}"
     return procs
 
 
@@ -182,16 +189,18 @@ def sample_groups(data_dir: Path, n: int) -> list[dict[str, Any]]:
     return groups
 
 
-def _start_sandbox(proc: ManagedProcess, gateway: ManagedProcess) -> bool:
+def _start_sandbox(proc: ManagedProcess, procs: list[ManagedProcess]) -> bool:
     """Start the sandbox; where it does not start (user namespaces refused, ...), say why in
-    one line, stop it and leave the gateway without it."""
+    one line, stop it and leave the gateway and the envs service without it."""
     proc.start()
     try:
         proc.wait_ready(timeout=60)
         return True
     except (RuntimeError, TimeoutError):
         proc.stop()
-        gateway.env.pop("GATEWAY_SANDBOX_URL", None)
+        for other in procs:
+            other.env.pop("GATEWAY_SANDBOX_URL", None)
+            other.env.pop("ENVS_SANDBOX_URL", None)
         lines = proc.log_path.read_text(errors="replace").splitlines() if proc.log_path else []
         why = next((ln for ln in reversed(lines) if "bwrap" in ln or "Error" in ln), "")
         why = why.rsplit("SandboxFailure: ", 1)[-1].replace("\\n", " ").strip()[:300]
@@ -268,7 +277,7 @@ def up(args: argparse.Namespace) -> int:
         for proc in procs:
             log.info("starting %s", proc.name)
             if proc.name == "sandbox":
-                if _start_sandbox(proc, procs[-1]):
+                if _start_sandbox(proc, procs):
                     started.append(proc)
                 continue
             started.append(proc.start())
@@ -291,6 +300,8 @@ def up(args: argparse.Namespace) -> int:
             print(f"  sandbox    not started ({off or 'it did not start; see above'})")
         print_recipes(gateway)
         print(f"  API docs   {gateway}/docs")
+        if any(p.name == "envs" for p in started):
+            print(f"  envs       {gateway}/ors (ORS), {gateway}/nemo-gym/envs (NeMo Gym)")
         if keys:
             print(f"  auth       on: every /v1/* call needs a key from {keys} "
                   "(Authorization: Bearer <key>)")  # fmt: skip

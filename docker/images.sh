@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make images`: build every image that `docker compose up` needs, with no registry if need be.
 #
-#   docker/images.sh                 # redis, verify, gateway, sandbox, judge, embedding-cpu
+#   docker/images.sh                 # redis, verify, gateway, envs, sandbox, judge, embedding-cpu
 #                                    # (make images)
 #   docker/images.sh vllm-cpu prometheus   # just these: images of the cpu and monitoring profiles
 #   docker/images.sh all             # all of them
@@ -155,8 +155,8 @@ for name in "${names[@]}"; do
       standin redis
       torch_wheel
       # The classic builder builds every stage before the target, in file order: verify,
-      # gateway, sandbox, judge, embedding-cpu in that order build each stage once.
-      for target in verify gateway sandbox judge embedding-cpu; do build "$target"; done
+      # gateway, envs, sandbox, judge, embedding-cpu in that order build each stage once.
+      for target in verify gateway envs sandbox judge embedding-cpu; do build "$target"; done
       ;;
     bases) standin redis; torch_wheel ;;  # what the other builds start from
     redis | prometheus) standin "$name" ;;

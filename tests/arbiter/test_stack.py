@@ -21,13 +21,14 @@ def _listening(port: int) -> bool:
 
 
 def _up_argv(tmp_path: Path, gsm8k_dir: Path, *extra: str) -> tuple[list[str], list[int]]:
-    """argv and ports: gateway, verify, embedding, redis, sandbox, state redis."""
-    ports = [free_port() for _ in range(6)]
+    """argv and ports: gateway, verify, embedding, redis, sandbox, state redis, envs."""
+    ports = [free_port() for _ in range(7)]
     argv = [
         sys.executable, "-m", "arbiter.cli", "up",
         "--gateway-port", str(ports[0]), "--verify-port", str(ports[1]),
         "--embedding-port", str(ports[2]), "--redis-port", str(ports[3]),
         "--sandbox-port", str(ports[4]), "--state-redis-port", str(ports[5]),
+        "--envs-port", str(ports[6]),
         "--data", str(gsm8k_dir), "--samples", "2", "--logs", str(tmp_path / "logs"), *extra,
     ]  # fmt: skip
     return argv, ports
@@ -54,7 +55,7 @@ def test_up_once_scores_samples_and_stops_everything(tmp_path: Path, gsm8k_dir: 
     assert {"code", "code-all", "gsm8k"} <= served and not {"code", "code-all"} & off, done.stdout
     assert not any(_listening(p) for p in ports), "a child process outlived `arbiter up`"
     # each service ran as `arbiter serve NAME`: its log lines carry its name
-    for name in ("verify", "embedding", "sandbox", "gateway"):
+    for name in ("verify", "embedding", "sandbox", "envs", "gateway"):
         log = (tmp_path / "logs" / f"{name}.log").read_text()
         assert f"Z {name} INFO uvicorn.error: Application startup complete." in log, log
 
@@ -71,7 +72,7 @@ def test_up_stops_every_child_on_sigterm(tmp_path: Path, gsm8k_dir: Path) -> Non
             break
     assert any("Arbiter is up" in line for line in lines), "".join(lines)
     live = [p for i, p in enumerate(ports) if i != 2 and _listening(p)]
-    assert len(live) == 5  # gateway, verify, redis, sandbox, state redis (no embedding)
+    assert len(live) == 6  # gateway, verify, redis, sandbox, state redis, envs (no embedding)
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     time.sleep(0.5)
@@ -90,7 +91,7 @@ def _free_run(n: int) -> int:
 def test_port_base_moves_every_process_and_prints_arbiter_url(
     tmp_path: Path, gsm8k_dir: Path
 ) -> None:
-    base = _free_run(7)
+    base = _free_run(8)
     argv = [
         sys.executable, "-m", "arbiter.cli", "up", "--once", "--no-embedding", "--no-sandbox",
         "--verify-port", str(_free_run(1)),  # a single flag still wins over the base
@@ -101,8 +102,9 @@ def test_port_base_moves_every_process_and_prints_arbiter_url(
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert f"  gateway    http://127.0.0.1:{base} " in out, out
-    assert f"  redis      redis://127.0.0.1:{base + 5} " in out, out
-    assert f"  state-redis redis://127.0.0.1:{base + 6} " in out, out
+    assert f"  envs       http://127.0.0.1:{base + 5} " in out, out
+    assert f"  redis      redis://127.0.0.1:{base + 6} " in out, out
+    assert f"  state-redis redis://127.0.0.1:{base + 7} " in out, out
     assert f"  verify     http://127.0.0.1:{base + 1} " not in out, out  # its flag won
     assert f"  export ARBITER_URL=http://127.0.0.1:{base}\n" in out, out
     assert "math_accuracy=1.000" in out

@@ -35,7 +35,7 @@ from tests.deploy.deployfiles import (
 from tests.deploy.env_example import KEYS_FILE_IN_COMPOSE
 from tests.deploy.tools import run, tool
 
-CPU_SERVICES = {"redis", "state-redis", "verify", "embedding", "gateway", "sandbox"}
+CPU_SERVICES = {"redis", "state-redis", "verify", "embedding", "gateway", "sandbox", "envs"}
 PROFILES = {
     "gpu": {"vllm", "judge"},
     "cpu": {"vllm-cpu", "judge"},  # the judge's model on vLLM's CPU build
@@ -378,12 +378,12 @@ def test_the_sandbox_gets_only_the_privileges_bwrap_needs(compose: dict[str, Any
         if name != "sandbox":
             lifted = [o for o in svc.get("security_opt", []) if "unconfined" in o]
             assert not lifted, f"{name}: {lifted}"
-    # its own internal network (no route out), joined by the gateway and Prometheus only;
-    # no port on the host
+    # its own internal network (no route out), joined by the gateway, the envs service (its
+    # python and code environments) and Prometheus only; no port on the host
     assert sandbox["networks"] == ["sandbox"] and "ports" not in sandbox
     assert compose["networks"]["sandbox"] == {"internal": True}
     joined = {n for n, s in services.items() if "sandbox" in (s.get("networks") or [])}
-    assert joined == {"sandbox", "gateway", "prometheus"}, joined
+    assert joined == {"sandbox", "gateway", "envs", "prometheus"}, joined
     # the gateway scores the code recipes on a fresh `docker compose up`
     url = compose_env(services["gateway"])["GATEWAY_SANDBOX_URL"] or ""
     assert substitute_default(url) == f"http://sandbox:{PORTS['sandbox']}"

@@ -347,8 +347,11 @@ def test_only_the_gateway_reaches_the_components(target: str, rendered: Any) -> 
                         assert ns == {"kubernetes.io/metadata.name": "monitoring"}, peer
         return out
 
-    for name in ("verify", "embedding", "judge", "redis", "state-redis", "sandbox"):
+    for name in ("embedding", "judge", "redis", "envs"):
         assert callers(name) == {"gateway"}, name
+    # the envs service's rewards, code runs and episodes
+    for name in ("verify", "state-redis", "sandbox"):
+        assert callers(name) == {"gateway", "envs"}, name
     assert callers("vllm") == {"judge"}
     assert callers("gateway") is None  # the public API
 
