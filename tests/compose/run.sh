@@ -9,7 +9,8 @@
 #                  recipe into the sandbox container: HumanEval, assert and stdin/stdout groups
 #                  (right 1.0, wrong 0.0) and hostile programs (sockets to Redis and the
 #                  gateway, other processes' environment, the service's files, an infinite
-#                  loop: 0.0 each), the stack healthy after them
+#                  loop: 0.0 each), the stack healthy after them; episodes of the
+#                  calculator and python environments through the gateway's /ors
 #   5. monitoring  Prometheus (profile monitoring) scraping the stack from here on
 #   6. restart     `docker compose restart verify` while a client keeps scoring
 #   7. auth        the one setting of a shared deployment (GATEWAY_KEYS_FILE): refused with a
@@ -111,6 +112,7 @@ grep -q "AUTH IS OFF" <<<"$gateway_log" || { echo "no auth-off banner in the gat
 phase score
 "$PY" tests/compose/check.py score "$URL" "$DATA/gsm8k"
 "$PY" tests/compose/check_sandbox.py score "$URL"
+"$PY" tests/compose/check_envs.py "$URL"
 
 phase monitoring
 compose --profile monitoring up --detach --wait --wait-timeout 120 prometheus
