@@ -55,7 +55,7 @@ UNAUTHENTICATED = "unauthenticated"
 # The API's paths; the ORS discovery routes among them need no key (the ORS spec; ors.py).
 API_PREFIXES = ("/v1/", "/ors/", "/nemo-gym/")
 ORS_OPEN = frozenset({"health", "list_environments"})
-ORS_OPEN_PER_ENV = frozenset({"tools", "splits", "tasks"})
+ORS_OPEN_PER_ENV = frozenset({"tools", "splits", "tasks", "num_tasks", "task", "task_range"})
 
 
 def needs_key(path: str) -> bool:

@@ -6,7 +6,8 @@ its bytes: JSON, or for ``POST /{env_name}/call`` the ORS SSE body (``event: tas
 ``event: end`` with the ``ToolOutput``, or ``event: error``).
 
 As the ORS specification has it, discovery (``/health``, ``/list_environments``,
-``/{env_name}/tools``, ``/{env_name}/splits``, ``/{env_name}/tasks``) needs no key; every
+``/{env_name}/tools``, ``/{env_name}/splits``, ``/{env_name}/tasks``, and the SDK's
+``num_tasks``, ``task``, ``task_range``) needs no key; every
 other route needs an API key (``Authorization: Bearer <key>``, or ``X-API-Key: <key>`` as
 ORS clients send it; ``auth.py``), runs as the key's team (another team's session is a
 404), takes ``Idempotency-Key`` on every POST, and a tool call is held to the team's
@@ -86,6 +87,25 @@ async def splits(env_name: str, request: Request) -> Response:
 @router.post("/{env_name}/tasks", summary="ORS: the tasks of a split", responses=OPEN_ERRORS)
 async def tasks(env_name: str, request: Request) -> Response:
     return await _open(request, f"{env_name}/tasks")
+
+
+@router.post(
+    "/{env_name}/num_tasks", summary="ORS SDK: how many tasks a split has", responses=OPEN_ERRORS
+)
+async def num_tasks(env_name: str, request: Request) -> Response:
+    return await _open(request, f"{env_name}/num_tasks")
+
+
+@router.post("/{env_name}/task", summary="ORS SDK: one task by index", responses=OPEN_ERRORS)
+async def task(env_name: str, request: Request) -> Response:
+    return await _open(request, f"{env_name}/task")
+
+
+@router.post(
+    "/{env_name}/task_range", summary="ORS SDK: the tasks of an index range", responses=OPEN_ERRORS
+)
+async def task_range(env_name: str, request: Request) -> Response:
+    return await _open(request, f"{env_name}/task_range")
 
 
 @router.post("/create_session", summary="ORS: a new session id", responses=KEYED_ERRORS)

@@ -95,6 +95,11 @@ def test_discovery_is_open_and_sessions_need_a_key(envs_stack: EnvsStack) -> Non
     url = f"{envs_stack.gateway}/ors"
     assert httpx.get(f"{url}/list_environments", timeout=30).status_code == 200
     assert httpx.get(f"{url}/math/tools", timeout=30).status_code == 200
+    # the openreward SDK's index-based task routes
+    r = httpx.post(f"{url}/math/num_tasks", json={"split": "test"}, timeout=30)
+    assert r.status_code == 200 and r.json()["num_tasks"] > 0
+    r = httpx.post(f"{url}/math/task", json={"split": "test", "index": 0}, timeout=30)
+    assert r.status_code == 200, r.text
     r = httpx.post(f"{url}/create_session", timeout=30)
     assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"
     r = httpx.post(f"{url}/create_session", headers={"X-API-Key": "nope"}, timeout=30)
