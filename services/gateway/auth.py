@@ -52,10 +52,11 @@ TEAM_REQUESTS = Counter(
 )
 
 UNAUTHENTICATED = "unauthenticated"
-# The API's paths; the ORS discovery routes among them need no key (the ORS spec; ors.py).
+# The API's paths; the ORS discovery routes among them that take no body need no key (the
+# ORS spec; ors.py). The task routes take a body: no body is read without a key.
 API_PREFIXES = ("/v1/", "/ors/", "/nemo-gym/")
 ORS_OPEN = frozenset({"health", "list_environments"})
-ORS_OPEN_PER_ENV = frozenset({"tools", "splits", "tasks", "num_tasks", "task", "task_range"})
+ORS_OPEN_PER_ENV = frozenset({"tools", "splits"})
 
 
 def needs_key(path: str) -> bool:
@@ -167,8 +168,7 @@ class AuthMiddleware:
             await response(scope, receive, send)
             return
         if scope["type"] != "http" or not needs_key(scope["path"]):
-            api = scope["type"] == "http" and scope["path"].startswith(API_PREFIXES)
-            if scope["type"] == "http" and scope["method"] in BODY_METHODS and not api:
+            if scope["type"] == "http" and scope["method"] in BODY_METHODS:
                 receive = _without_body(receive)
             await self.app(scope, receive, send)
             return

@@ -5,13 +5,15 @@ the same name, forwarded to the envs service (``envs_proxy.EnvsProxy``) and answ
 its bytes: JSON, or for ``POST /{env_name}/call`` the ORS SSE body (``event: task_id``,
 ``event: end`` with the ``ToolOutput``, or ``event: error``).
 
-As the ORS specification has it, discovery (``/health``, ``/list_environments``,
-``/{env_name}/tools``, ``/{env_name}/splits``, ``/{env_name}/tasks``, and the SDK's
-``num_tasks``, ``task``, ``task_range``) needs no key; every
-other route needs an API key (``Authorization: Bearer <key>``, or ``X-API-Key: <key>`` as
-ORS clients send it; ``auth.py``), runs as the key's team (another team's session is a
-404), takes ``Idempotency-Key`` on every POST, and a tool call is held to the team's
-environments quota (``envs_quota.py``).
+As the ORS specification has it, discovery that takes no body (``/health``,
+``/list_environments``, ``/{env_name}/tools``, ``/{env_name}/splits``) needs no key. The
+task routes (``/{env_name}/tasks``, and the SDK's ``num_tasks``, ``task``, ``task_range``)
+take a body, and the gateway reads no body without a key (a stalled one would hold the
+body budget every team shares: ``auth.py``); they carry no team. Every session route needs
+an API key (``Authorization: Bearer <key>``, or ``X-API-Key: <key>`` as ORS clients send
+it), runs as the key's team (another team's session is a 404), takes ``Idempotency-Key``
+on every POST, and a tool call is held to the team's environments quota
+(``envs_quota.py``).
 """
 
 from __future__ import annotations

@@ -66,8 +66,9 @@ def envs_stack(
         sandbox.stop()
 
 
-def first_task(url: str, env: str, split: str = "test") -> dict[str, Any]:
-    r = httpx.post(f"{url}/ors/{env}/tasks", json={"split": split}, timeout=30)
+def first_task(stack: EnvsStack, env: str, split: str = "test") -> dict[str, Any]:
+    """The environment's first task of ``split`` (from the envs service's open discovery)."""
+    r = httpx.post(f"{stack.envs}/{env}/tasks", json={"split": split}, timeout=30)
     assert r.status_code == 200, r.text
     task: dict[str, Any] = r.json()["tasks"][0]
     return task

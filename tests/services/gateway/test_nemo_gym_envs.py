@@ -45,7 +45,7 @@ def row(task: dict[str, Any], output_text: str) -> dict[str, Any]:
 
 
 def test_calculator_episode_is_verified_from_the_final_text(envs_stack: EnvsStack) -> None:
-    task = first_task(envs_stack.gateway, "calculator")
+    task = first_task(envs_stack, "calculator")
     answer = task["answer"].split("####")[-1].strip().replace(",", "")
     agent = Agent(envs_stack, "calculator")
     seed = verify_body(task["question"], task["answer"], "")
@@ -69,7 +69,7 @@ def test_calculator_episode_is_verified_from_the_final_text(envs_stack: EnvsStac
 def test_a_submit_tool_call_finishes_the_episode_and_verify_returns_its_reward(
     envs_stack: EnvsStack,
 ) -> None:
-    task = first_task(envs_stack.gateway, "math")
+    task = first_task(envs_stack, "math")
     answer = task["answer"].split("####")[-1].strip().replace(",", "")
     agent = Agent(envs_stack, "math")
     seed = {"responses_create_params": {"input": []}, "task_spec": task}
@@ -84,7 +84,7 @@ def test_a_submit_tool_call_finishes_the_episode_and_verify_returns_its_reward(
 
 
 def test_bad_tool_input_is_the_models_observation(envs_stack: EnvsStack) -> None:
-    task = first_task(envs_stack.gateway, "calculator")
+    task = first_task(envs_stack, "calculator")
     agent = Agent(envs_stack, "calculator")
     assert agent.post("seed_session", {"task_spec": task}).status_code == 200
     r = agent.post("calculate", {"expression": "__import__('os')"})
@@ -98,7 +98,7 @@ def test_bad_tool_input_is_the_models_observation(envs_stack: EnvsStack) -> None
 
 
 def test_sessions_are_the_keys_teams_and_need_a_cookie(envs_stack: EnvsStack) -> None:
-    task = first_task(envs_stack.gateway, "calculator")
+    task = first_task(envs_stack, "calculator")
     alpha = Agent(envs_stack, "calculator", "alpha")
     assert alpha.post("seed_session", {"task_spec": task}).status_code == 200
     beta = Agent(envs_stack, "calculator", "beta")

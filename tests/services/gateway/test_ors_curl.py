@@ -27,7 +27,7 @@ def curl(*args: str) -> str:
 def test_curl_runs_a_calculator_episode(envs_stack: EnvsStack) -> None:
     ors = f"{envs_stack.gateway}/ors"
     key = ("-H", f"Authorization: Bearer {envs_stack.keys.keys['alpha']}")
-    task = first_task(envs_stack.gateway, "calculator")
+    task = first_task(envs_stack, "calculator")
     answer = task["answer"].split("####")[-1].strip().replace(",", "")
     created = curl("-X", "POST", *key, f"{ors}/create_session")
     sid = created.split("event: task_id")[1].split("data: ")[1].split()[0]

@@ -32,7 +32,7 @@ def final_answer(task: dict[str, Any]) -> str:
 
 
 def test_math_episode_is_scored_like_v1_score(envs_stack: EnvsStack) -> None:
-    task = first_task(envs_stack.gateway, "math")
+    task = first_task(envs_stack, "math")
     answer = final_answer(task)
     with client(envs_stack, "alpha") as envs:
         assert {"math", "calculator", "python", "code"} <= set(envs.environments())
@@ -46,7 +46,7 @@ def test_math_episode_is_scored_like_v1_score(envs_stack: EnvsStack) -> None:
 
 
 def test_calculator_episode_with_a_tool_then_a_wrong_answer(envs_stack: EnvsStack) -> None:
-    task = first_task(envs_stack.gateway, "calculator")
+    task = first_task(envs_stack, "calculator")
     with client(envs_stack, "alpha") as envs, envs.session("calculator", task) as episode:
         out = episode.call("calculate", expression="6 * 7")
         assert not out.finished and out.reward is None
@@ -59,7 +59,7 @@ def test_calculator_episode_with_a_tool_then_a_wrong_answer(envs_stack: EnvsStac
 
 
 def test_async_client_runs_episodes_concurrently(envs_stack: EnvsStack) -> None:
-    tasks = [first_task(envs_stack.gateway, "math")]
+    tasks = [first_task(envs_stack, "math")]
 
     async def run(envs: AsyncEnvsClient, wrong: int) -> float | None:
         answer = int(final_answer(tasks[0])) + wrong
@@ -77,7 +77,7 @@ def test_async_client_runs_episodes_concurrently(envs_stack: EnvsStack) -> None:
 
 
 def test_another_teams_session_is_not_found(envs_stack: EnvsStack) -> None:
-    task = first_task(envs_stack.gateway, "math")
+    task = first_task(envs_stack, "math")
     with client(envs_stack, "alpha") as alpha, alpha.session("math", task) as episode:
         beta_headers = envs_stack.keys.headers("beta", **{"X-Session-ID": episode.sid})
         r = httpx.get(f"{envs_stack.gateway}/ors/math/prompt", headers=beta_headers, timeout=30)
@@ -95,10 +95,14 @@ def test_discovery_is_open_and_sessions_need_a_key(envs_stack: EnvsStack) -> Non
     url = f"{envs_stack.gateway}/ors"
     assert httpx.get(f"{url}/list_environments", timeout=30).status_code == 200
     assert httpx.get(f"{url}/math/tools", timeout=30).status_code == 200
-    # the openreward SDK's index-based task routes
-    r = httpx.post(f"{url}/math/num_tasks", json={"split": "test"}, timeout=30)
+    # the task routes take a body: a key, but no team (the openreward SDK's too)
+    split = {"split": "test"}
+    r = httpx.post(f"{url}/math/tasks", json=split, timeout=30)
+    assert r.status_code == 401, r.text
+    key = envs_stack.keys.headers("alpha")
+    r = httpx.post(f"{url}/math/num_tasks", json=split, headers=key, timeout=30)
     assert r.status_code == 200 and r.json()["num_tasks"] > 0
-    r = httpx.post(f"{url}/math/task", json={"split": "test", "index": 0}, timeout=30)
+    r = httpx.post(f"{url}/math/task", json={**split, "index": 0}, headers=key, timeout=30)
     assert r.status_code == 200, r.text
     r = httpx.post(f"{url}/create_session", timeout=30)
     assert r.status_code == 401 and r.json()["error"]["code"] == "missing_api_key"

@@ -38,7 +38,7 @@ def episode(stack: EnvsStack, label: str, env: str) -> str:
         stack,
         "create",
         label,
-        {"env_name": env, "task_spec": first_task(stack.gateway, env)},
+        {"env_name": env, "task_spec": first_task(stack, env)},
         **{"X-Session-ID": sid},
     )
     assert r.status_code == 200, r.text

@@ -35,7 +35,7 @@ def _has_sdk() -> bool:
 
 @pytest.mark.skipif(not _has_sdk(), reason="ARBITER_OPENREWARD_PYTHON has no openreward SDK")
 def test_openreward_sdk_runs_an_episode_through_the_gateway(envs_stack: EnvsStack) -> None:
-    task = first_task(envs_stack.gateway, "math")
+    task = first_task(envs_stack, "math")
     key = envs_stack.keys.keys["alpha"]
     run = subprocess.run(
         [PYTHON, str(SCRIPT), envs_stack.gateway, key, json.dumps(task)],

@@ -37,7 +37,7 @@ def test_tool_calls_per_minute_refuse_with_retry_after(envs_stack: EnvsStack) ->
     other, _ = fresh_team(envs_stack)
     proc, url = envs_stack.gateway_with(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE="2")
     try:
-        task = first_task(url, "calculator")
+        task = first_task(envs_stack, "calculator")
         key = envs_stack.keys.keys[label]
         envs = EnvsClient(url, api_key=key, retry=NO_RETRY)
         with envs, envs.session("calculator", task) as episode:
@@ -82,7 +82,7 @@ def test_sandbox_cpu_is_charged_and_recorded(envs_stack: EnvsStack) -> None:
     # 1 ms of sandbox CPU per minute: one run() uses more, so the next tool call waits
     proc, url = envs_stack.gateway_with(GATEWAY_ENVS_SANDBOX_CPU_S_PER_MINUTE="0.001")
     try:
-        task = first_task(url, "python")
+        task = first_task(envs_stack, "python")
         key = envs_stack.keys.keys[label]
         envs = EnvsClient(url, api_key=key, retry=NO_RETRY)
         with envs, envs.session("python", task) as episode:
