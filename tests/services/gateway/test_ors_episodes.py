@@ -79,7 +79,10 @@ def test_async_client_runs_episodes_concurrently(envs_stack: EnvsStack) -> None:
 def test_another_teams_session_is_not_found(envs_stack: EnvsStack) -> None:
     task = first_task(envs_stack, "math")
     with client(envs_stack, "alpha") as alpha, alpha.session("math", task) as episode:
-        beta_headers = envs_stack.keys.headers("beta", **{"X-Session-ID": episode.sid})
+        # beta's key, naming alpha's team in the internal header: the key decides the team
+        beta_headers = envs_stack.keys.headers(
+            "beta", **{"X-Session-ID": episode.sid, "X-Arbiter-Team": "alpha"}
+        )
         r = httpx.get(f"{envs_stack.gateway}/ors/math/prompt", headers=beta_headers, timeout=30)
         assert r.status_code == 404, r.text
         assert r.json()["error"]["code"] == "session_not_found", r.text
