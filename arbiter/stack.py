@@ -154,7 +154,7 @@ def _plan(args: argparse.Namespace, logs: Path) -> list[ManagedProcess]:
             continue
         proc = service_process(
             name,
-            getattr(args, f"{name}_port"),  # None: the service's own port setting
+            getattr(args, f"{name}_port", None),  # None: the service's own port setting
             env=env[name],
             log_path=logs / f"{name}.log",
             # ready: verify's workers, the embedder's model, a sandbox started and checked
