@@ -17,7 +17,8 @@
 #   3. carry [".carry/vllm/piece3"], command
 #      "bash bench/device/vllm_setup.sh piece3 && bash bench/device/vllm_check.sh"
 # A call that finds an earlier piece missing: the machine went back in between; start over.
-# Then, while /tmp/site is there: carry [".carry/trainer"], "bash bench/device/trl_vllm_gpu.sh".
+# Then, while /tmp/site is there: carry [".carry/trainer"], "bash bench/device/trl_vllm_gpu.sh";
+# carry [".carry/trainer", ".carry/vllmserve"], "bash bench/device/judge_32b.sh" (on nvidia-h200).
 # WHEEL: the vLLM wheel (default /tmp/vllmdl/..., downloaded into .carry/vllm/dl if absent).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -67,6 +68,11 @@ DEPS=(pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspe
       llguidance==1.7.6 xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2)
 dl "$ROOT/whl" "${DEPS[@]}"
 
+# vLLM's OpenAI server (bench/device/judge_32b.sh) imports these beyond offline generation
+# (the SageMaker router and form-data routes at import); they travel apart, in .carry/vllmserve
+rm -rf .carry/vllmserve && mkdir -p .carry/vllmserve
+dl .carry/vllmserve model-hosting-container-standards==0.1.16 jmespath==1.1.0 supervisor==4.3.0 \
+  python-multipart==0.0.34
 echo "wheels: $(ls "$ROOT/whl" | wc -l), $(du -sh "$ROOT/whl" | cut -f1)"
 PIECE=${PIECE_MIB}M bash bench/device/vllm_split.sh "$ROOT/whl" "$ROOT"
 N=$(ls -d "$ROOT"/piece* | wc -l)
