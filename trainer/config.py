@@ -67,10 +67,12 @@ class TrainerConfig:
     )
     temperature: float = _f(1.0, "Sampling temperature for rollouts (> 0).")
     top_p: float = _f(1.0, "Nucleus sampling threshold for rollouts, in (0, 1].")
-    env: Literal["none", "calculator", "calculator-off"] = _f(
+    env: str = _f(
         "none",
         "none: single-turn; calculator: multi-turn <calc>expr</calc> tool environment; "
-        "calculator-off: its prompt, no calculator (one turn: the baseline without the tool).",
+        "calculator-off: its prompt, no calculator (one turn: the baseline without the tool); "
+        "ors:<name>: the episodes of environment <name> through the gateway's /ors (its "
+        "rewards are the episodes' own; e.g. ors:calculator).",
     )
     max_turns: int = _f(4, "Multi-turn only: max model turns per trajectory.")
 
@@ -274,8 +276,10 @@ class TrainerConfig:
             bad(f"beta={self.beta} must be >= 0 (0 disables the KL term).")
         if self.loss_agg not in ("token_mean", "seq_mean"):
             bad(f"loss_agg={self.loss_agg!r}: use token_mean or seq_mean.")
-        if self.env not in ("none", "calculator", "calculator-off"):
-            bad(f"env={self.env!r}: use none, calculator or calculator-off.")
+        if self.env not in ("none", "calculator", "calculator-off") and not (
+            self.env.startswith("ors:") and len(self.env) > 4
+        ):
+            bad(f"env={self.env!r}: use none, calculator, calculator-off or ors:<name>.")
         if self.eval_samples < 0 or self.eval_samples == 1:
             bad(f"eval_samples={self.eval_samples}: use 0 (off) or >= 2 (e.g. 16 for pass@16).")
         if self.precision not in ("auto", "fp32", "bf16-mixed", "bf16"):

@@ -19,12 +19,15 @@ import operator
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from arbiter.trainer.data import Problem, render_prompt
 from arbiter.trainer.generation import Sampler
 from arbiter.trainer.rollout import Rollout, RolloutSpec, collate, generate, single_turn
 from arbiter.trainer.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from arbiter.trainer.ors import OrsEnvironments
 
 CALC_INSTRUCTION = (
     "Solve the math problem. Reason step by step inside <think>...</think>, then give only "
@@ -148,6 +151,33 @@ ENVIRONMENTS: dict[str, type[CalculatorEnv]] = {
 }
 
 
+class BatchEnv(Protocol):
+    """The environments of one rollout batch, stepped together: ``trainer.ors.OrsBatch``
+    (episodes over HTTP, each turn's calls at once), or ``LocalBatch`` around in-process
+    environments. ``rewards`` (None: score the texts through the gateway) are the episodes'
+    own rewards, one per trajectory."""
+
+    stop_strings: tuple[str, ...]
+
+    def reset(self, problems: list[Problem]) -> list[str]: ...
+
+    def step(self, actions: dict[int, tuple[str, bool]]) -> dict[int, Step]: ...
+
+
+class LocalBatch:
+    """One in-process environment per trajectory."""
+
+    def __init__(self, env_factory: Callable[[], Environment], n: int):
+        self.envs = [env_factory() for _ in range(n)]
+        self.stop_strings = self.envs[0].stop_strings if self.envs else ()
+
+    def reset(self, problems: list[Problem]) -> list[str]:
+        return [env.reset(p) for env, p in zip(self.envs, problems, strict=True)]
+
+    def step(self, actions: dict[int, tuple[str, bool]]) -> dict[int, Step]:
+        return {i: self.envs[i].step(a, eos=eos) for i, (a, eos) in actions.items()}
+
+
 def make_env(name: str) -> Environment:
     if name not in ENVIRONMENTS:
         raise ValueError(f"unknown env {name!r}: use none or one of {sorted(ENVIRONMENTS)}")
@@ -178,36 +208,39 @@ def multi_turn(
     problems: list[Problem],
     spec: RolloutSpec,
     params: SamplingParams,
+    batch: BatchEnv | None = None,
 ) -> Rollout:
-    """G trajectories per problem; each turn samples every trajectory at once.
+    """G trajectories per problem; each turn samples every trajectory at once, then steps
+    every trajectory's environment at once (``batch``; default: ``env_factory``'s, in process).
 
     Finished trajectories are sampled along (their tokens are dropped), so every sampler call
     of a run has the same row count: a compiled, graph-captured sampler then compiles once
     per context length class instead of once per number of trajectories still going."""
     G = spec.group_size
-    envs = [env_factory() for _ in problems for _ in range(G)]
     tasks = [p for p in problems for _ in range(G)]
+    envs = batch if batch is not None else LocalBatch(env_factory, len(tasks))
     system = [{"role": "system", "content": spec.system_prompt}] if spec.system_prompt else []
     prompts = [  # the first user message is the environment's own (instruction + task)
-        render_prompt(tokenizer, [*system, {"role": "user", "content": env.reset(t)}])
-        for env, t in zip(envs, tasks, strict=True)
+        render_prompt(tokenizer, [*system, {"role": "user", "content": first}])
+        for first in envs.reset(tasks)
     ]
     prompt_ids = [
         tokenizer(p, add_special_tokens=False)["input_ids"][-spec.max_prompt_tokens :]
         for p in prompts
     ]
-    comp: list[list[int]] = [[] for _ in envs]
-    act: list[list[int]] = [[] for _ in envs]
-    turns, calls, errors = [0] * len(envs), [0] * len(envs), [0] * len(envs)
-    active = list(range(len(envs)))
+    n = len(tasks)
+    comp: list[list[int]] = [[] for _ in range(n)]
+    act: list[list[int]] = [[] for _ in range(n)]
+    turns, calls, errors = [0] * n, [0] * n, [0] * n
+    active = list(range(n))
     eos, pad, device = params.eos_token_id, params.pad_token_id, sampler.device
     for _ in range(spec.max_turns):
         if not active:
             break
         ctx_ids, ctx_attn, _ = collate(
-            [prompt_ids[i] + comp[i] for i in range(len(envs))],
-            [[] for _ in envs],
-            [[] for _ in envs],
+            [prompt_ids[i] + comp[i] for i in range(n)],
+            [[] for _ in range(n)],
+            [[] for _ in range(n)],
             pad,
             device,
         )
@@ -215,18 +248,20 @@ def multi_turn(
         ctx_ids, ctx_attn = ctx_ids[:, :-1], ctx_attn[:, :-1]
         out, out_mask = generate(sampler, ctx_ids, ctx_attn, params, spec.precision)
         out_ids, keep = out.tolist(), out_mask.tolist()
-        still = []
+        still, actions = [], {}
         for i in active:
             ids = [t for t, k in zip(out_ids[i], keep[i], strict=True) if k]
             ended_eos = bool(ids) and ids[-1] == eos
-            ids, stopped = cut_at_stop(tokenizer, ids, envs[i].stop_strings)
+            ids, stopped = cut_at_stop(tokenizer, ids, envs.stop_strings)
             ended_eos = ended_eos and not stopped
             comp[i] += ids
             act[i] += [1] * len(ids)
             turns[i] += 1
-            step = envs[i].step(
-                tokenizer.decode(ids, skip_special_tokens=True), eos=ended_eos or not stopped
-            )
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            actions[i] = (text, ended_eos or not stopped)
+        steps = envs.step(actions)
+        for i in active:
+            step = steps[i]
             calls[i] += step.tool_call
             errors[i] += step.tool_error
             if step.observation:
@@ -248,6 +283,7 @@ def multi_turn(
         turns=turns,
         tool_calls=calls,
         tool_errors=errors,
+        env_rewards=getattr(envs, "rewards", None),
     )
 
 
@@ -257,8 +293,16 @@ def rollout_batch(
     problems: list[Problem],
     spec: RolloutSpec,
     params: SamplingParams,
+    ors: OrsEnvironments | None = None,
 ) -> Rollout:
-    """Single-turn (``spec.env == "none"``) or multi-turn rollouts of ``problems``."""
+    """Single-turn (``spec.env == "none"``) or multi-turn rollouts of ``problems``; with
+    ``ors`` (``env=ors:<name>``), the episodes run through the environments service."""
     if spec.env == "none":
         return single_turn(sampler, tokenizer, problems, spec, params)
-    return multi_turn(sampler, tokenizer, lambda: make_env(spec.env), problems, spec, params)
+    if ors is None:
+        return multi_turn(sampler, tokenizer, lambda: make_env(spec.env), problems, spec, params)
+    batch = ors.batch()
+    try:
+        return multi_turn(sampler, tokenizer, CalculatorEnv, problems, spec, params, batch)
+    finally:
+        batch.close()

@@ -64,7 +64,7 @@ def evaluate(run: Run) -> dict[str, float]:
     with gathered(run.policy):  # every rank enters once, however many problems it has
         for s in range(0, len(mine), chunk):
             batch = mine[s : s + chunk]
-            texts.extend(rollout_batch(run.sampler, tokenizer, batch, spec, params).texts)
+            texts.extend(rollout_batch(run.sampler, tokenizer, batch, spec, params, run.ors).texts)
     sums: dict[str, list[float]] = {}
     if mine:
         groups = [
@@ -109,7 +109,9 @@ def _sampled(run: Run, mine: list[Problem]) -> dict[str, list[float]]:
     with gathered(run.policy):
         for s in range(0, len(mine), per_call):
             batch = mine[s : s + per_call]
-            texts.extend(rollout_batch(run.sampler, run.tokenizer, batch, spec, params).texts)
+            texts.extend(
+                rollout_batch(run.sampler, run.tokenizer, batch, spec, params, run.ors).texts
+            )
     ks = ks_for(n)
     sums = {f"pass@{k}": [0.0, 0.0, 0.0] for k in ks} | {"pairwise_distance": [0.0, 0.0, 0.0]}
     if not mine:

@@ -36,6 +36,7 @@ from arbiter.trainer.env import rollout_batch
 from arbiter.trainer.evaluate import evaluate
 from arbiter.trainer.grpo import group_advantages
 from arbiter.trainer.metrics import plot_curves, reduce_record, run_summary, step_metrics
+from arbiter.trainer.ors import episode_rewards
 from arbiter.trainer.parallel import gathered
 from arbiter.trainer.rewards import BatchRewards, RewardsUnavailable
 from arbiter.trainer.rollout import Rollout, sequence_logprobs
@@ -174,7 +175,9 @@ def produce(run: Run, step: int) -> Pending:
     )
     batch = [run.problems[i] for i in idx]
     with gathered(run.policy):  # FSDP2: the whole model on every rank for the rollout
-        roll = rollout_batch(run.sampler, run.tokenizer, batch, run.spec, run.sampling_for(step))
+        roll = rollout_batch(
+            run.sampler, run.tokenizer, batch, run.spec, run.sampling_for(step), run.ors
+        )
     gen_s = time.perf_counter() - t0
     groups = [
         ScoreGroup(
@@ -185,7 +188,11 @@ def produce(run: Run, step: int) -> Pending:
         )
         for g, p in enumerate(batch)
     ]
-    future = run.rewards.submit(cfg.recipe, groups)
+    if roll.env_rewards is not None:  # the episodes' own rewards, from the service
+        future: Future[BatchRewards] = Future()
+        future.set_result(episode_rewards(groups, roll.env_rewards, cfg.env))
+    else:
+        future = run.rewards.submit(cfg.recipe, groups)
     t1 = time.perf_counter()
     mbs, chunk = cfg.micro_batch_size, cfg.logprob_chunk_tokens
     if cfg.mu > 1 or cfg.pipeline:  # else the ratio is exactly 1: reuse detached log-probs

@@ -47,6 +47,8 @@ class Rollout:
     turns: list[int] = field(default_factory=list)
     tool_calls: list[int] = field(default_factory=list)  # per sequence (multi-turn only)
     tool_errors: list[int] = field(default_factory=list)  # tool calls that failed
+    # env=ors:<name>: each episode's own reward (trainer.ors.EnvReward), not the gateway's
+    env_rewards: list[Any] | None = None
     old_logps: torch.Tensor | None = None  # behaviour policy, (S, N)
     ref_logps: torch.Tensor | None = None  # frozen reference, (S, N)
 

@@ -22,6 +22,8 @@ from arbiter.trainer.data import Problem, load_problems
 from arbiter.trainer.generation import Sampler
 from arbiter.trainer.grpo import allocate_state, build_optimizer
 from arbiter.trainer.metrics import RunLogger
+from arbiter.trainer.ors import PREFIX as ORS_PREFIX
+from arbiter.trainer.ors import OrsEnvironments
 from arbiter.trainer.rewards import RewardClient, check_recipes
 from arbiter.trainer.rollout import RolloutSpec
 from arbiter.trainer.sampling import SamplingParams
@@ -66,6 +68,7 @@ class Run:
     fingerprint: str = ""  # of the recipe the latest rewards came from
     skipped_in_row: int = 0
     seen_error_kinds: set[str] = field(default_factory=set)
+    ors: OrsEnvironments | None = None  # env=ors:<name>: episodes through the service
 
     def sampling_for(self, step: int) -> SamplingParams:
         """The step's sampling settings; its generator is a function of (seed, step, rank)."""
@@ -99,6 +102,8 @@ class Run:
 
     def close(self) -> None:
         self.rewards.close()
+        if self.ors is not None:
+            self.ors.close()
         self.logger.close()
 
 
@@ -212,6 +217,9 @@ def build_run(cfg: TrainerConfig) -> Run:
         logger=logger,
         spec=spec,
         sampling=sampling,
+        ors=OrsEnvironments(cfg.env, cfg.gateway_url, cfg.api_key)
+        if cfg.env.startswith(ORS_PREFIX)
+        else None,
         start_step=start_step,
         fingerprint=fingerprint,
     )

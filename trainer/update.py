@@ -91,6 +91,11 @@ def train_on_batch(
     }
 
 
+def multi_turn_env(env: str) -> bool:
+    """Rollouts with observation tokens: the calculator in process or any ORS episode."""
+    return env == "calculator" or env.startswith("ors:")
+
+
 def train_compiled(cfg: TrainerConfig, model: Any, device: torch.device) -> bool:
     """Whether the training forward/backward runs compiled: ``compile_train`` on a GPU, not
     under FSDP2 (not measured there), and not for multi-turn rollouts (``env=calculator``):
@@ -100,7 +105,7 @@ def train_compiled(cfg: TrainerConfig, model: Any, device: torch.device) -> bool
     at start."""
     return (
         cfg.compile_train
-        and cfg.env != "calculator"
+        and not multi_turn_env(cfg.env)
         and device.type == "cuda"
         and not is_sharded(model)
     )
@@ -109,9 +114,9 @@ def train_compiled(cfg: TrainerConfig, model: Any, device: torch.device) -> bool
 def multi_turn_eager(cfg: TrainerConfig, device: torch.device) -> str | None:
     """The one start-of-run warning when ``compile_train`` is set but a multi-turn run trains
     eagerly (``train_compiled``); None when nothing is overridden."""
-    if cfg.compile_train and cfg.env == "calculator" and device.type == "cuda":
+    if cfg.compile_train and multi_turn_env(cfg.env) and device.type == "cuda":
         return (
-            "compile_train=true is not applied with env=calculator: the compiled backward "
+            f"compile_train=true is not applied with env={cfg.env}: the compiled backward "
             "fails on multi-turn batches (an inductor shape error at run time), so the "
             "training forward/backward runs eagerly; sampling stays compiled"
         )

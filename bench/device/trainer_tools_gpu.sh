@@ -12,7 +12,9 @@
 # SMALL=1 (PY=.venv/bin/python) runs the same on a CPU at the smallest sizes, a few steps.
 # RUNS: which runs (default all); T: seconds of GRPO each; W_DIV: the second diversity weight;
 # DIV_EXTRA: trainer settings added to the three diversity runs (e.g. scale_rewards=false);
-# tool-fast: the tool run at lr 1e-4.
+# tool-fast: the tool run at lr 1e-4; tool-ors (not in the default RUNS): the tool run with
+# its episodes through the environments service behind the gateway (env=ors:calculator), which
+# needs a redis-server on the machine.
 # ENV_READY=1: the caller has already sourced gpu_env.sh (another script runs beside this one)
 [ "${ENV_READY:-0}" = 1 ] || source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OUT=${OUT:-/tmp/tools_out}
@@ -40,6 +42,7 @@ for r in $RUNS; do
     tool) $TOOL --work $W/tool --tag tool env=calculator ;;
     notool) $TOOL --work $W/notool --tag notool env=calculator-off ;;
     tool-fast) $TOOL --work $W/tool-fast --tag tool-fast env=calculator lr=1e-4 ;;
+    tool-ors) $TOOL --ors --work $W/tool-ors --tag tool-ors env=ors:calculator ;;
     gsm8k) $DIV --work $W/gsm8k --tag gsm8k recipe=gsm8k ;;
     diverse) $DIV --work $W/diverse --tag diverse recipe=gsm8k-diverse ;;
     diverse-w) $DIV --work $W/diverse-w --tag diverse-w "recipe=$recipe_w" ;;

@@ -59,10 +59,13 @@ def _ready(proc: Any, timeout: float) -> None:
         raise RuntimeError(f"{proc.name} did not start: {e}\n{tail}") from e
 
 
-def _services(log_dir: Path, verify_workers: int, embedding: str = "") -> tuple[list[Any], str]:
+def _services(
+    log_dir: Path, verify_workers: int, embedding: str = "", ors: bool = False
+) -> tuple[list[Any], str]:
     """verify (+ the embedding service on ``embedding``'s model: on the GPU in float16 when
-    there is one, as a user would run it) and the gateway in front; their URL."""
-    from arbiter.procs import free_port, service_process
+    there is one, as a user would run it; + with ``ors`` the environments service on a Redis
+    of its own) and the gateway in front; their URL."""
+    from arbiter.procs import free_port, redis_process, service_process
 
     vport, gport = free_port(), free_port()
     verify = service_process(
@@ -86,6 +89,16 @@ def _services(log_dir: Path, verify_workers: int, embedding: str = "") -> tuple[
         _ready(emb, 180)
         procs.append(emb)
         env["GATEWAY_EMBEDDING_URL"] = f"http://127.0.0.1:{eport}"
+    if ors:  # env=ors:calculator: the episodes through the gateway's /ors
+        rport, nport = free_port(), free_port()
+        redis = redis_process(rport, log_path=log_dir / "redis.log")
+        _ready(redis, 20)
+        nenv = {"ENVS_STATE_REDIS_URL": f"redis://127.0.0.1:{rport}/0",
+                "ENVS_VERIFY_URL": env["GATEWAY_VERIFY_URL"]}  # fmt: skip
+        envs = service_process("envs", nport, env=nenv, log_path=log_dir / "envs.log")
+        _ready(envs, 60)
+        procs += [envs, redis]
+        env["GATEWAY_ENVS_URL"] = f"http://127.0.0.1:{nport}"
     gateway = service_process("gateway", gport, env=env, log_path=log_dir / "gateway.log")
     _ready(gateway, 60)
     return [gateway, *procs], f"http://127.0.0.1:{gport}"
@@ -207,6 +220,10 @@ def _args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--tool-share", type=float, default=None, help="tool task (default 0.2)")
     p.add_argument(
+        "--ors", action="store_true", help="tool task: env=ors:calculator, the episodes through "
+        "the environments service behind the gateway (started here, with a Redis)"
+    )  # fmt: skip
+    p.add_argument(
         "--warm-start",
         type=Path,
         default=None,
@@ -326,7 +343,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.sft_only:
         return
 
-    procs, gateway_url = _services(a.work, a.verify_workers, a.embedding)
+    procs, gateway_url = _services(a.work, a.verify_workers, a.embedding, a.ors)
     run_dir = a.work / "run"
     settings = {
         "model": str(sft_dir), "data_dir": str(data), "run_dir": str(run_dir),
@@ -338,7 +355,7 @@ def main(argv: list[str] | None = None) -> None:
         "reward_concurrency": 32, "pipeline": True,
     }  # fmt: skip
     if a.task == "tool":
-        settings |= TOOL_SETTINGS
+        settings |= TOOL_SETTINGS | ({"env": "ors:calculator"} if a.ors else {})
     if a.embedding:  # pass@k and the spread within a problem's samples, at each evaluation
         settings |= {"eval_samples": 16, "eval_recipe": DIVERSITY_EVAL}
     if a.small:

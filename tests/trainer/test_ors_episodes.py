@@ -1,0 +1,91 @@
+"""``env=ors:<name>``: the trainer's episodes through the gateway's ``/ors`` (a real keyed
+gateway, envs service, verify and Redis: ``envs_stack``), every turn's calls at once, the
+episodes' own rewards, and a service that cannot answer giving null rewards with a reason."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from arbiter.proto.components import ScoreGroup
+from arbiter.trainer.data import Problem
+from arbiter.trainer.ors import OrsEnvironments, episode_rewards
+from tests.services.gateway.envs_stack import EnvsStack, envs_stack
+
+__all__ = ["envs_stack"]  # the fixture, imported for pytest
+
+
+def problems(n: int) -> list[Problem]:
+    return [
+        Problem(id=f"p{i}", question=f"What is {i} * 7?", reference=str(i * 7)) for i in range(n)
+    ]
+
+
+@pytest.fixture
+def ors(envs_stack: EnvsStack) -> Iterator[OrsEnvironments]:
+    # the team's tool-call quota off for this gateway: 512 calls in one test
+    proc, url = envs_stack.gateway_with(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE="0")
+    envs = OrsEnvironments("ors:calculator", url, envs_stack.keys.keys["alpha"])
+    try:
+        yield envs
+    finally:
+        envs.close()
+        proc.stop()
+
+
+def test_256_episodes_step_together_and_bring_their_own_rewards(ors: OrsEnvironments) -> None:
+    tasks = problems(256)
+    batch = ors.batch()
+    prompts = batch.reset(tasks)
+    assert all("What is" in p for p in prompts)  # the episode's own first message
+    # turn 1: every episode calls the calculator
+    steps = batch.step({i: (f"<think><calc>{i} * 7</calc>", False) for i in range(256)})
+    assert [s.observation for s in steps.values()][:3] == [
+        "<result>0</result>",
+        "<result>7</result>",
+        "<result>14</result>",
+    ]
+    assert all(s.tool_call and not s.tool_error and not s.done for s in steps.values())
+    # turn 2: even episodes answer right, odd ones wrong
+    answers = {i: (f"</think><answer>{i * 7 + i % 2}</answer>", True) for i in range(256)}
+    assert all(s.done for s in batch.step(answers).values())
+    batch.close()
+    assert [r.reward for r in batch.rewards] == [1.0 - i % 2 for i in range(256)]
+    # in the trainer's shape: groups of 8, nothing masked
+    groups = [
+        ScoreGroup(id=f"g{g}", prompt="q", reference="r", responses=["x"] * 8) for g in range(32)
+    ]
+    shaped = episode_rewards(groups, batch.rewards, "ors:calculator")
+    assert shaped.flat() == [1.0 - i % 2 for i in range(256)]
+    assert shaped.error_kinds() == {}
+
+
+def test_a_bad_expression_is_the_policys_observation(ors: OrsEnvironments) -> None:
+    batch = ors.batch()
+    batch.reset(problems(1))
+    step = batch.step({0: ("<calc>import os</calc>", False)})[0]
+    assert step.tool_call and step.tool_error and not step.done
+    assert step.observation.startswith("<result>error")
+    batch.close()
+
+
+def test_an_unreachable_service_gives_null_rewards_with_the_reason_never_0() -> None:
+    from arbiter.procs import free_port
+    from arbiter.retry import RetryPolicy
+
+    envs = OrsEnvironments("ors:calculator", f"http://127.0.0.1:{free_port()}")
+    envs.client.http.retry = RetryPolicy(attempts=1)
+    try:
+        batch = envs.batch()
+        batch.reset(problems(4))
+        batch.step({i: ("<answer>0</answer>", True) for i in range(4)})
+        batch.close()
+    finally:
+        envs.close()
+    assert [r.reward for r in batch.rewards] == [None] * 4
+    assert all(r.error.startswith("create: ") for r in batch.rewards)
+    groups = [ScoreGroup(id="g", prompt="q", reference="r", responses=["x"] * 4)]
+    shaped = episode_rewards(groups, batch.rewards, "ors:calculator")
+    assert shaped.groups[0].masked == [True] * 4
+    assert shaped.error_kinds() == {"environment": 4}
