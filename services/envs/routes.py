@@ -32,9 +32,10 @@ from arbiter.proto.envs import (
     TextBlock,
     ToolCall,
 )
+from arbiter.services.common.app import error_response
 from arbiter.services.common.fairness import team_of
 from arbiter.services.common.responses import JSONBody
-from arbiter.services.envs.serving import Envs, usage_header
+from arbiter.services.envs.serving import AfterRun, Envs, usage_header
 
 router = APIRouter(tags=["envs"])
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -142,7 +143,12 @@ async def call(env_name: str, req: ToolCall, envs: EnvsDep, team: TeamDep, sid: 
     """The tool's result as ORS's SSE body, computed before the first byte is sent: a
     failure not the policy's (sandbox unavailable) is a 503/504 envelope the client retries.
     ``X-Arbiter-Usage`` says what the call cost."""
-    called = await envs.call(team, sid, env_name, req)
+    try:
+        called = await envs.call(team, sid, env_name, req)
+    except AfterRun as exc:
+        answer = error_response(exc.error)
+        answer.headers[USAGE_HEADER] = usage_header(exc.usage)
+        return answer
     headers = {**SSE_HEADERS, USAGE_HEADER: usage_header(called.usage)}
     body = called.sse(req.task_id or envs.new_sid())
     return Response(body, media_type="text/event-stream", headers=headers)

@@ -61,6 +61,18 @@ class Called:
         return "".join(f"event: {e}\ndata: {d}\n\n" for e, d in events)
 
 
+class AfterRun(Exception):
+    """A tool call that ran (its sandbox CPU is spent) but whose episode could not be saved:
+    another call on it saved first (409 ``session_busy``), or the state Redis failed (503).
+    The answer is ``error``'s envelope with ``usage`` in ``X-Arbiter-Usage``, so the gateway
+    charges what ran: a team racing calls on one episode pays for every run."""
+
+    def __init__(self, error: ArbiterError, usage: Usage):
+        super().__init__(error.message)
+        self.error = error
+        self.usage = usage
+
+
 class Envs:
     def __init__(self, settings: EnvsSettings, store: Store, rewards: Rewards):
         self.settings = settings
@@ -136,6 +148,9 @@ class Envs:
         except ArbiterError as exc:
             TOOL_CALLS.labels(env.name, label, exc.kind).inc()
             raise
+        except AfterRun as exc:
+            TOOL_CALLS.labels(env.name, label, exc.error.kind).inc()
+            raise
         TOOL_CALLS.labels(env.name, label, called.outcome).inc()
         return called
 
@@ -158,9 +173,13 @@ class Envs:
         episode.finished = step.output.finished
         if step.new_cell is not None:
             episode.cells.append(step.new_cell)
-        await self.store.save(team, sid, episode)
+        usage = Usage(tool_calls=1, sandbox_cpu_ms=step.cpu_ms)
+        try:
+            await self.store.save(team, sid, episode)
+        except ArbiterError as exc:
+            raise AfterRun(exc, usage) from exc
         result = RunToolSuccess(output=step.output).model_dump_json()
-        return Called(result, Usage(tool_calls=1, sandbox_cpu_ms=step.cpu_ms))
+        return Called(result, usage)
 
     def _env_of(self, episode: Episode, name: str) -> Environment:
         if name.lower() != episode.env:

@@ -5,8 +5,9 @@
 routes, which need no key and carry no team) and, in this order:
 
 1. ``Idempotency-Key`` on a POST (``idempotency.py``): the stored answer of an earlier call
-   with the key is answered again, byte for byte, with its content type (``Idempotent-
-   Replayed: true``; not forwarded, not counted again); a new key is claimed.
+   with the key (the same path, ``X-Session-ID`` and body) is answered again, byte for
+   byte, with its content type (``Idempotent-Replayed: true``; not forwarded, not counted
+   again); a new key is claimed.
 2. quota (``envs_quota.py``): a tool call (``POST /{env}/call``) takes one from the team's
    tool-call bucket, and passes only while its sandbox-CPU bucket is above zero (429).
 3. the call goes to ``GATEWAY_ENVS_URL`` with the team in ``X-Arbiter-Team`` (the envs
@@ -134,7 +135,11 @@ class EnvsProxy:
         idem = self.teams.idempotency
         claim: Claim | None = None
         if method == "POST" and idempotency_key is not None and idem is not None:
-            found = await idem.begin(who.team, check_key(idempotency_key), method, path, body)
+            # the sid is part of the request: a key sent again on another episode is 422,
+            # never that episode answered with the first one's result
+            sid = next((v for k, v in sent.items() if k.lower() == SESSION_HEADER.lower()), "")
+            where = f"{path} {sid}" if sid else path
+            found = await idem.begin(who.team, check_key(idempotency_key), method, where, body)
             if isinstance(found, Replay):
                 await self._record(who, Tally(idempotent_replays=1))
                 return _replayed(found.body)
