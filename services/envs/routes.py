@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from starlette.responses import Response
 
-from arbiter.errors import BadRequest
+from arbiter.errors import BadRequest, Unprocessable
 from arbiter.proto.common import TEAM_HEADER
 from arbiter.proto.envs import (
     SESSION_HEADER,
@@ -143,6 +143,9 @@ async def call(env_name: str, req: ToolCall, envs: EnvsDep, team: TeamDep, sid: 
     """The tool's result as ORS's SSE body, computed before the first byte is sent: a
     failure not the policy's (sandbox unavailable) is a 503/504 envelope the client retries.
     ``X-Arbiter-Usage`` says what the call cost."""
+    if req.task_id is not None and not req.task_id.isprintable():
+        # it is echoed as an SSE data line: a line break would let it forge events
+        raise Unprocessable("task_id: printable characters only, no line breaks", param="task_id")
     try:
         called = await envs.call(team, sid, env_name, req)
     except AfterRun as exc:
