@@ -8,8 +8,9 @@ routes, which need no key and carry no team) and, in this order:
    with the key (the same path, ``X-Session-ID`` and body) is answered again, byte for
    byte, with its content type (``Idempotent-Replayed: true``; not forwarded, not counted
    again); a new key is claimed.
-2. quota (``envs_quota.py``): a tool call (``POST /{env}/call``) takes one from the team's
-   tool-call bucket, and passes only while its sandbox-CPU bucket is above zero (429).
+2. quota (``envs_quota.py``): a tool call (``POST /{env}/call``) or an episode opened
+   (``POST /create``) takes one from the team's tool-call bucket, and passes only while
+   its sandbox-CPU bucket is above zero (429).
 3. the call goes to ``GATEWAY_ENVS_URL`` with the team in ``X-Arbiter-Team`` (the envs
    service keeps each team's sessions apart by it) within the team's fair share of
    ``GATEWAY_MAX_CONCURRENCY`` slots (``slots.TeamSlots``) and ``GATEWAY_ENVS_TIMEOUT_S``.
@@ -18,8 +19,9 @@ routes, which need no key and carry no team) and, in this order:
 4. settlement: the sandbox CPU the envs service reports in ``X-Arbiter-Usage`` (JSON,
    ``{"tool_calls": 1, "sandbox_cpu_ms": N}``; never relayed) is charged to the quota and
    recorded in the usage ledger (``env_tool_calls``, ``sandbox_cpu_ms``); a tool call that
-   did not run (the service was unreachable, or refused it) gets its tool call back; a 200
-   answer is stored for its key, any other releases the key so a retry runs afresh.
+   did not run (the service was unreachable, or refused it), or a ``/create`` not answered
+   200, gets its call back; a 200 answer is stored for its key, any other releases the key
+   so a retry runs afresh.
 
 The envs service unreachable is 503 ``envs_unavailable`` and past the deadline 504: both
 retryable, never a reward of 0. Its own answers (404 for another team's session, 422
@@ -159,26 +161,30 @@ class EnvsProxy:
         self, who: Principal, method: str, path: str, body: bytes, sent: dict[str, str]
     ) -> Response:
         tool = is_tool_call(method, path)
+        # an episode opened takes a call too: it holds up to a few hundred KB of task in
+        # the state Redis (noeviction) for its TTL, so opening them must be bounded
+        metered = tool or (method == "POST" and path == "create")
         team = who.team
-        if tool and self.quota is not None:
+        if metered and self.quota is not None:
             try:
                 await self.quota.take(team)
             except RateLimited:
                 await self._record(who, Tally(rate_limited=1))
                 raise
-        ran = False
+        kept = False  # the call taken is kept: the tool ran, or the episode was opened
         try:
             kind = "tool" if tool else "other"
             answer, usage = await self._send(kind, method, path, body, sent, team)
             calls, cpu_ms = read_usage(usage)
             ran = calls > 0 or cpu_ms > 0
+            kept = ran or (not tool and answer.status_code == 200)
             if self.quota is not None:
                 await asyncio.shield(self.quota.charge(team, cpu_ms))
             if ran:
                 await self._record(who, Tally(env_tool_calls=calls, sandbox_cpu_ms=cpu_ms))
             return answer
         finally:
-            if tool and not ran and self.quota is not None:
+            if metered and not kept and self.quota is not None:
                 await asyncio.shield(self.quota.refund(team))
 
     async def _send(

@@ -5,8 +5,10 @@ buckets and ledger rows it reads are its own whatever ran before on the session'
 Guarded: a team past its tool calls per minute is refused with 429, ``Retry-After`` and
 ``quota_exceeded`` before the envs service runs anything; the sandbox CPU a tool call used
 (the envs service's ``X-Arbiter-Usage``) is charged, so a team past its CPU per minute is
-refused too; what was run is in ``/v1/usage`` (``env_tool_calls``, ``sandbox_cpu_ms``,
-``rate_limited``); another team is not held by the first team's quota.
+refused too; opening an episode (``/create``, which holds its task in the state Redis)
+takes a call, and one refused (422) gives it back; what was run is in ``/v1/usage``
+(``env_tool_calls``, ``sandbox_cpu_ms``, ``rate_limited``); another team is not held by
+the first team's quota.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ def fresh_team(stack: EnvsStack) -> tuple[str, str]:
 def test_tool_calls_per_minute_refuse_with_retry_after(envs_stack: EnvsStack) -> None:
     label, team = fresh_team(envs_stack)
     other, _ = fresh_team(envs_stack)
-    proc, url = envs_stack.gateway_with(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE="2")
+    # 3 a minute: the episode opened (/create takes one) and two tool calls
+    proc, url = envs_stack.gateway_with(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE="3")
     try:
         task = first_task(envs_stack, "calculator")
         key = envs_stack.keys.keys[label]
@@ -47,7 +50,7 @@ def test_tool_calls_per_minute_refuse_with_retry_after(envs_stack: EnvsStack) ->
                 episode.call("calculate", expression="3 + 3")
         assert refused.value.code == "quota_exceeded"
         assert "tool_calls_per_minute" in refused.value.message
-        # the answer itself: 429 in the envelope with Retry-After (about 30 s for 1 of 2/min)
+        # the answer itself: 429 in the envelope with Retry-After (about 20 s for 1 of 3/min)
         headers = envs_stack.keys.headers(label)
         r = httpx.post(f"{url}/ors/create_session", headers=headers, timeout=30)
         sid = r.text.split("data: ")[1].split()[0]
@@ -55,7 +58,9 @@ def test_tool_calls_per_minute_refuse_with_retry_after(envs_stack: EnvsStack) ->
         r = httpx.post(
             f"{url}/ors/create", json=body, headers={**headers, "X-Session-ID": sid}, timeout=30
         )
-        assert r.status_code == 200, r.text  # only tool calls are counted
+        # opening an episode takes a call too (it holds its task in the state Redis)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "quota_exceeded"
         r = httpx.post(
             f"{url}/ors/calculator/call",
             json={"name": "calculate", "input": {"expression": "1"}},
@@ -64,7 +69,7 @@ def test_tool_calls_per_minute_refuse_with_retry_after(envs_stack: EnvsStack) ->
         )
         assert r.status_code == 429, r.text
         assert r.json()["error"]["code"] == "quota_exceeded"
-        assert 1 <= int(r.headers["Retry-After"]) <= 31
+        assert 1 <= int(r.headers["Retry-After"]) <= 21
         # another team has its own bucket
         envs = EnvsClient(url, api_key=envs_stack.keys.keys[other], retry=NO_RETRY)
         with envs, envs.session("calculator", task) as episode:
@@ -72,7 +77,32 @@ def test_tool_calls_per_minute_refuse_with_retry_after(envs_stack: EnvsStack) ->
         admin = envs_stack.keys.headers("admin")
         report = wait_for(lambda: usage(url, admin, team=team))
         assert team_total(report, team, "env_tool_calls") == 2
-        assert team_total(report, team, "rate_limited") == 2
+        assert team_total(report, team, "rate_limited") == 3
+    finally:
+        proc.stop()
+
+
+def test_opening_episodes_is_held_to_the_quota(envs_stack: EnvsStack) -> None:
+    label, _ = fresh_team(envs_stack)
+    proc, url = envs_stack.gateway_with(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE="2")
+    try:
+        headers = envs_stack.keys.headers(label)
+        task = first_task(envs_stack, "calculator")
+
+        def create(spec: dict[str, object]) -> httpx.Response:
+            sid = str(uuid.uuid4())
+            body = {"env_name": "calculator", "task_spec": spec}
+            h = {**headers, "X-Session-ID": sid}
+            return httpx.post(f"{url}/ors/create", json=body, headers=h, timeout=30)
+
+        for _ in range(3):  # refused by the envs service: each gives its call back
+            r = create({"question": "no answer"})
+            assert r.status_code == 422, r.text
+        assert [create(task).status_code for _ in range(2)] == [200, 200]
+        r = create(task)
+        assert r.status_code == 429, r.text
+        assert r.json()["error"]["code"] == "quota_exceeded"
+        assert "tool_calls_per_minute" in r.json()["error"]["message"]
     finally:
         proc.stop()
 
