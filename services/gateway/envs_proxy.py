@@ -36,12 +36,20 @@ import logging
 import re
 from collections import Counter as Tally
 from collections.abc import Mapping
+from urllib.parse import quote
 
 import aiohttp
 from prometheus_client import Counter
 from starlette.responses import Response
 
-from arbiter.errors import BadResponse, NotConfigured, RateLimited, Timeout, Unavailable
+from arbiter.errors import (
+    BadResponse,
+    NotConfigured,
+    NotFound,
+    RateLimited,
+    Timeout,
+    Unavailable,
+)
 from arbiter.keys import Principal
 from arbiter.proto.common import TEAM_HEADER
 from arbiter.services.common.throttle import ThrottledLog
@@ -69,6 +77,20 @@ ENVS_CALLS = Counter(
     "(the envs service's HTTP status, or unavailable / timeout).",
     ["kind", "outcome"],
 )
+
+
+def envs_path(path: str) -> str:
+    """``path`` with each segment percent-quoted: a caller's ``env_name`` is one segment of
+    the envs service's path, never a query (``readyz?``), a fragment or a step up (``..``)
+    reaching a route the gateway does not serve."""
+    segments = path.split("/")
+    if any(s in ("", ".", "..") for s in segments):
+        raise NotFound(
+            f"env_name: unknown environment in {path[:64]!r}",
+            param="env_name",
+            code="unknown_environment",
+        )
+    return "/".join(quote(s, safe="") for s in segments)
 
 
 def is_tool_call(method: str, path: str) -> bool:
@@ -129,6 +151,7 @@ class EnvsProxy:
                 "to the envs service (`arbiter serve envs`)",
                 code="envs_not_configured",
             )
+        path = envs_path(path)
         sent = {k: v for k, v in headers.items() if k.lower() in REQUEST_HEADERS}
         if who is None:
             answer, _ = await self._send("discovery", method, path, body, sent, None)
