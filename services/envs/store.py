@@ -15,6 +15,7 @@ second is refused with 409 instead of losing the first's cell or submit.
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,8 +88,9 @@ class Store:
         k = key(team, sid)
         async with _redis_errors():
             created = await self.redis.hsetnx(k, "state", episode.dump())
-            if created:
-                await self.redis.hset(k, "version", "0")
+            if created:  # a fresh start: a call still running on a deleted episode of this
+                # sid read another version, so its save is refused instead of overwriting
+                await self.redis.hset(k, "version", str(secrets.randbelow(2**48)))
             await self.redis.expire(k, self.ttl_s)
         if not created:
             raise BadRequest(
