@@ -50,7 +50,8 @@ class GatewaySettings(ServiceSettings):
         default=600,
         ge=0,
         le=10_000_000,
-        description="Environments quota: tool calls per minute per team (auth on); 0 = no limit.",
+        description="Environments quota: tool calls per minute per team, an episode opened "
+        "counting as one (auth on); 0 = no limit.",
     )
     envs_sandbox_cpu_s_per_minute: float = Field(
         default=300.0,
