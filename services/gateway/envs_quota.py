@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from arbiter.errors import RateLimited
 from arbiter.services.gateway.cache import REDIS_ERRORS
-from arbiter.services.gateway.quota import _LEVEL, QUOTA_REJECTIONS, WARNINGS
+from arbiter.services.gateway.quota import _LEVEL, CHARGE_LUA, QUOTA_REJECTIONS, WARNINGS
 
 PERIOD_MS = 60_000
 CALLS, CPU = "tool_calls_per_minute", "sandbox_cpu_s_per_minute"
@@ -50,18 +50,6 @@ if calls > 0 then
   redis.call('PEXPIRE', KEYS[1], 120000)
 end
 return {1, 0}
-"""
-)
-
-# KEYS: a bucket. ARGV: its capacity per minute, the amount to take (negative: give back).
-CHARGE_LUA = (
-    _LEVEL
-    + """
-local cap = tonumber(ARGV[1])
-local v = math.min(cap, level(KEYS[1], cap, 60000) - tonumber(ARGV[2]))
-redis.call('HSET', KEYS[1], 't', tostring(v), 'ts', now)
-redis.call('PEXPIRE', KEYS[1], 120000)
-return 1
 """
 )
 
@@ -159,7 +147,7 @@ class EnvsQuota:
         if time.monotonic() < self._local_until:
             return  # this process's share holds it; the shared bucket refills meanwhile
         try:
-            await self._charge(keys=[bucket_keys(team)[which]], args=[cap, amount])
+            await self._charge(keys=[bucket_keys(team)[which]], args=[cap, amount, PERIOD_MS])
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(exc)
 
