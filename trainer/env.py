@@ -107,11 +107,15 @@ def format_number(v: float) -> str:
     return str(round(v)) if abs(v - round(v)) < 1e-9 else f"{v:.6g}"
 
 
+# A calculator call in an action: the in-process environment's and trainer.ors's
+CALC_CALL = re.compile(r"<calc>([^<]{0,200})</calc>")
+
+
 class CalculatorEnv:
     """GSM8K with a calculator tool: ``<calc>12*7</calc>`` -> ``<result>84</result>``."""
 
     stop_strings: tuple[str, ...] = ("</calc>",)
-    _CALC = re.compile(r"<calc>([^<]{0,200})</calc>")
+    _CALC = CALC_CALL
 
     def reset(self, problem: Problem) -> str:
         return f"{CALC_INSTRUCTION}\n\n{problem.question}"

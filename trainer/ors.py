@@ -16,7 +16,6 @@ the batch ends.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,11 +25,10 @@ from arbiter.envs import EnvsClient, Session, ToolRefused
 from arbiter.errors import ArbiterError
 from arbiter.proto.gateway import ScoreGroup
 from arbiter.trainer.data import Problem
-from arbiter.trainer.env import Step
+from arbiter.trainer.env import CALC_CALL, CalculatorEnv, Step
 from arbiter.trainer.rewards import BatchRewards, GroupRewards
 
 PREFIX = "ors:"
-_CALC = re.compile(r"<calc>([^<]{0,200})</calc>")
 T = TypeVar("T")
 
 
@@ -43,7 +41,7 @@ class EnvReward:
 class OrsBatch:
     """The episodes of one rollout batch on environment ``name`` (one per trajectory)."""
 
-    stop_strings: tuple[str, ...] = ("</calc>",)
+    stop_strings = CalculatorEnv.stop_strings
 
     def __init__(self, client: EnvsClient, name: str, pool: ThreadPoolExecutor):
         self.client, self.name, self.pool = client, name, pool
@@ -93,7 +91,7 @@ class OrsBatch:
             s = self.sessions[i]
             if s is None:
                 return Step("", True)
-            calls = _CALC.findall(action)
+            calls = CALC_CALL.findall(action)
             if not eos and calls:
                 try:
                     out = s.call("calculate", expression=calls[-1])

@@ -160,17 +160,14 @@ class Math(Environment):
         return await self.submit(args.answer, task, team)
 
 
-class Calculator(Math):
-    name = "calculator"
-    description = "GSM8K with a calculator; submit the answer (math_accuracy)."
-    tools = (
-        Tool("calculate", "Evaluate an arithmetic expression.", Expression),
-        SUBMIT,
-    )
+class MathWithTool(Math):
+    """GSM8K with one tool beside ``submit(answer)``, which ``math_accuracy`` alone scores;
+    a subclass names the tool in ``how`` and runs it in ``use``."""
+
+    how = ""
 
     def prompt(self, task: dict[str, Any]) -> str:
-        how = "You may call calculate(expression) for arithmetic."
-        return f"{TOOL_PROMPT.format(how=how)}\n\n{task['question']}"
+        return f"{TOOL_PROMPT.format(how=self.how)}\n\n{task['question']}"
 
     def scoring(self) -> ResolvedRecipe:
         return ANSWER_RECIPE
@@ -180,6 +177,22 @@ class Calculator(Math):
     ) -> Step:
         if tool.name == "submit":
             return await self.submit(args.answer, task, team)
+        return await self.use(args, cells_, team)
+
+    async def use(self, args: Any, cells_: list[str], team: str) -> Step:
+        raise NotImplementedError
+
+
+class Calculator(MathWithTool):
+    name = "calculator"
+    description = "GSM8K with a calculator; submit the answer (math_accuracy)."
+    tools = (
+        Tool("calculate", "Evaluate an arithmetic expression.", Expression),
+        SUBMIT,
+    )
+    how = "You may call calculate(expression) for arithmetic."
+
+    async def use(self, args: Any, cells_: list[str], team: str) -> Step:
         try:
             value = evaluate(parse(args.expression, frozenset()), {})
         except FormulaError as exc:
@@ -188,7 +201,7 @@ class Calculator(Math):
         return Step(ToolOutput(blocks=text(shown), metadata={"value": value}))
 
 
-class Python(Math):
+class Python(MathWithTool):
     name = "python"
     description = "GSM8K with a Python interpreter (sandboxed); submit the answer."
     tools = (
@@ -201,19 +214,9 @@ class Python(Math):
         SUBMIT,
     )
     needs_sandbox = True
+    how = "You may call run(code) to run Python; print what you want to see."
 
-    def prompt(self, task: dict[str, Any]) -> str:
-        how = "You may call run(code) to run Python; print what you want to see."
-        return f"{TOOL_PROMPT.format(how=how)}\n\n{task['question']}"
-
-    def scoring(self) -> ResolvedRecipe:
-        return ANSWER_RECIPE
-
-    async def call(
-        self, tool: Tool, args: Any, task: dict[str, Any], cells_: list[str], team: str
-    ) -> Step:
-        if tool.name == "submit":
-            return await self.submit(args.answer, task, team)
+    async def use(self, args: Any, cells_: list[str], team: str) -> Step:
         if len(cells_) >= self.settings.max_cells:
             raise ToolInputError(
                 f"input.code: this episode has run {len(cells_)} cells, the most it may "
