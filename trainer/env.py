@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import operator
 import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
@@ -224,9 +225,11 @@ def multi_turn(
     tasks = [p for p in problems for _ in range(G)]
     envs = batch if batch is not None else LocalBatch(env_factory, len(tasks))
     system = [{"role": "system", "content": spec.system_prompt}] if spec.system_prompt else []
+    t_env = time.perf_counter()
+    firsts = envs.reset(tasks)
+    env_s = time.perf_counter() - t_env
     prompts = [  # the first user message is the environment's own (instruction + task)
-        render_prompt(tokenizer, [*system, {"role": "user", "content": first}])
-        for first in envs.reset(tasks)
+        render_prompt(tokenizer, [*system, {"role": "user", "content": first}]) for first in firsts
     ]
     prompt_ids = [
         tokenizer(p, add_special_tokens=False)["input_ids"][-spec.max_prompt_tokens :]
@@ -263,7 +266,9 @@ def multi_turn(
             turns[i] += 1
             text = tokenizer.decode(ids, skip_special_tokens=True)
             actions[i] = (text, ended_eos or not stopped)
+        t_env = time.perf_counter()
         steps = envs.step(actions)
+        env_s += time.perf_counter() - t_env
         for i in active:
             step = steps[i]
             calls[i] += step.tool_call
@@ -288,6 +293,7 @@ def multi_turn(
         tool_calls=calls,
         tool_errors=errors,
         env_rewards=getattr(envs, "rewards", None),
+        env_s=env_s,
     )
 
 
@@ -307,6 +313,9 @@ def rollout_batch(
         return multi_turn(sampler, tokenizer, lambda: make_env(spec.env), problems, spec, params)
     batch = ors.batch()
     try:
-        return multi_turn(sampler, tokenizer, CalculatorEnv, problems, spec, params, batch)
+        roll = multi_turn(sampler, tokenizer, CalculatorEnv, problems, spec, params, batch)
     finally:
+        t_close = time.perf_counter()
         batch.close()
+    roll.env_s += time.perf_counter() - t_close  # the episodes' deletes wait on it too
+    return roll

@@ -230,6 +230,7 @@ def step_metrics(
         out["tools/calls_per_episode"] = sum(roll.tool_calls) / n
         out["tools/episode_frac"] = sum(c > 0 for c in roll.tool_calls) / n
         out["tools/errors"] = float(sum(roll.tool_errors))
+        out["time/env"] = roll.env_s  # inside the rollout: its environments' turns
     if "diversity" in result.component_names():  # mean pairwise distance within a group
         div = result.flat_component("diversity")
         dists = [pairwise_distance([v for v in div[g : g + G] if not math.isnan(v)])

@@ -49,6 +49,7 @@ class Rollout:
     tool_errors: list[int] = field(default_factory=list)  # tool calls that failed
     # env=ors:<name>: each episode's own reward (trainer.ors.EnvReward), not the gateway's
     env_rewards: list[Any] | None = None
+    env_s: float = 0.0  # seconds the rollout spent in its environments' reset and steps
     old_logps: torch.Tensor | None = None  # behaviour policy, (S, N)
     ref_logps: torch.Tensor | None = None  # frozen reference, (S, N)
 

@@ -18,6 +18,8 @@ if [ "${SMALL:-0}" != 1 ]; then
   # services/ inside): PYTHONSAFEPATH keeps `python -m` (and its children) from putting the
   # working directory first; $PWD stays on the path for bench.
   export PYTHONPATH=/tmp/site:$PWD PYTHONSAFEPATH=1
+  # the carried redis-server (prepare_carry.sh), for the runs that start Redis
+  [ -x .carry/redis/bin/redis-server ] && export PATH=$PWD/.carry/redis/bin:$PATH
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 else
   export BENCH_SMALL=1

@@ -24,6 +24,21 @@ dl .carry/trainer/whl "${STACK[@]}" httptools==0.9.0 redis==8.1.0 math-verify==0
   latex2sympy2-extended==1.11.0 antlr4-python3-runtime==4.13.2 \
   trl==1.16.0 datasets==5.2.0 dill==0.4.1 multiprocess==0.70.19
 dl .carry/embedding/whl "${STACK[@]}" httptools==0.9.0
+# redis-server for the runs that start the gateway or the environments service (the GPU
+# machine has none): this machine's binary with every library it loads and the loader itself,
+# so it runs whatever the other machine's glibc; bin/redis-server starts it through that loader
+# (gpu_env.sh puts bin/ on PATH): carry [".carry/trainer", ".carry/redis"].
+R=.carry/redis
+rm -rf "$R" && mkdir -p "$R/lib" "$R/bin"
+cp -L "$(command -v redis-server)" "$R/redis-server"
+ldd "$R/redis-server" | awk '/=> \//{print $3}' | xargs -I{} cp -L {} "$R/lib/"
+cp -L /lib64/ld-linux-x86-64.so.2 "$R/lib/"
+cat > "$R/bin/redis-server" <<'SH'
+#!/bin/sh
+d=$(cd "$(dirname "$0")/.." && pwd)
+exec "$d/lib/ld-linux-x86-64.so.2" --library-path "$d/lib" "$d/redis-server" "$@"
+SH
+chmod +x "$R/bin/redis-server"
 for d in trainer embedding; do
   mkdir -p ".carry/$d/gsm8k" && cp "$SHARED"/data/gsm8k/*.jsonl ".carry/$d/gsm8k/"
 done

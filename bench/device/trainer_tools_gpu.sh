@@ -14,7 +14,8 @@
 # DIV_EXTRA: trainer settings added to the three diversity runs (e.g. scale_rewards=false);
 # tool-fast: the tool run at lr 1e-4; tool-ors (not in the default RUNS): the tool run with
 # its episodes through the environments service behind the gateway (env=ors:calculator), which
-# needs a redis-server on the machine.
+# needs a redis-server on the machine: carry [".carry/trainer", ".carry/redis"] (prepare_carry.sh).
+# EVERY: steps between held-out evaluations (default 100).
 # ENV_READY=1: the caller has already sourced gpu_env.sh (another script runs beside this one)
 [ "${ENV_READY:-0}" = 1 ] || source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OUT=${OUT:-/tmp/tools_out}
@@ -24,7 +25,7 @@ RUNS=${RUNS:-tool notool gsm8k diverse diverse-w}
 if [ "${SMALL:-0}" = 1 ]; then
   T=${T:-150}; STEPS=2; EVERY=2; EMB=default; TOOL_SFT=20; VW=1
 else
-  T=${T:-420}; STEPS=4000; EVERY=100; EMB=$PWD/.carry/embedding/minilm-fp16; TOOL_SFT=600; VW=3
+  T=${T:-420}; STEPS=4000; EVERY=${EVERY:-100}; EMB=$PWD/.carry/embedding/minilm-fp16; TOOL_SFT=600; VW=3
 fi
 WEIGHT=${W_DIV:-1.0}
 mkdir -p "$OUT" "$O"

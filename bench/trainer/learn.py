@@ -138,9 +138,12 @@ def _summarise(run_dir: Path, wall_s: float) -> dict[str, Any]:
                 "time/reward_wait",
                 "time/train",
                 "time/reward_latency",
+                "time/env",
             )
         }
         out["reward_wait_share"] = round(tot("time/reward_wait") / step_s, 4)
+        # multi-turn: the environments' turns (in process, or the service's round trips)
+        out["env_wait_share"] = round(tot("time/env") / step_s, 4)
         out["action_tokens_per_s"] = round(tot("tokens/action") / step_s, 1)
         out["reward_first_last"] = [train[0].get("reward/mean"), train[-1].get("reward/mean")]
         out["completion_len_first_last"] = [

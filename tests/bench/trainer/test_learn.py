@@ -51,3 +51,6 @@ def test_small_runs_tool_use_with_and_without_the_tool_and_through_the_service(
     # the rewards came from the episodes (the service scored every one of them), not /v1/score
     assert [r["reward/null_frac"] for r in train] == [0.0, 0.0]
     assert all("reward/ors:calculator/mean" in r for r in train)
+    # the time inside the episodes' round trips to the service is a share of the step
+    assert all(0 < r["time/env"] < r["time/step"] for r in train)
+    assert 0 < runs["tool-ors"]["grpo"]["env_wait_share"] < 1
