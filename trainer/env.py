@@ -292,7 +292,6 @@ def multi_turn(
         turns=turns,
         tool_calls=calls,
         tool_errors=errors,
-        env_rewards=getattr(envs, "rewards", None),
         env_s=env_s,
     )
 
@@ -312,10 +311,6 @@ def rollout_batch(
     if ors is None:
         return multi_turn(sampler, tokenizer, lambda: make_env(spec.env), problems, spec, params)
     batch = ors.batch()
-    try:
-        roll = multi_turn(sampler, tokenizer, CalculatorEnv, problems, spec, params, batch)
-    finally:
-        t_close = time.perf_counter()
-        batch.close()
-    roll.env_s += time.perf_counter() - t_close  # the episodes' deletes wait on it too
+    roll = multi_turn(sampler, tokenizer, CalculatorEnv, problems, spec, params, batch)
+    roll.env_rewards = batch.rewards()  # the submits' rewards, a future
     return roll

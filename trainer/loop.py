@@ -36,7 +36,7 @@ from arbiter.trainer.env import rollout_batch
 from arbiter.trainer.evaluate import evaluate
 from arbiter.trainer.grpo import group_advantages
 from arbiter.trainer.metrics import plot_curves, reduce_record, run_summary, step_metrics
-from arbiter.trainer.ors import episode_rewards
+from arbiter.trainer.ors import episode_rewards_later
 from arbiter.trainer.parallel import gathered
 from arbiter.trainer.rewards import BatchRewards, RewardsUnavailable
 from arbiter.trainer.rollout import Rollout, sequence_logprobs
@@ -189,8 +189,7 @@ def produce(run: Run, step: int) -> Pending:
         for g, p in enumerate(batch)
     ]
     if roll.env_rewards is not None:  # the episodes' own rewards, from the service
-        future: Future[BatchRewards] = Future()
-        future.set_result(episode_rewards(groups, roll.env_rewards, cfg.env))
+        future = episode_rewards_later(groups, roll.env_rewards, cfg.env)
     else:
         future = run.rewards.submit(cfg.recipe, groups)
     t1 = time.perf_counter()

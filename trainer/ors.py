@@ -4,20 +4,28 @@ The policy writes the same text as with the in-process calculator (``trainer.env
 ``<calc>EXPR</calc>`` ends a turn and becomes the episode's ``calculate(expression=EXPR)``
 call, whose answer comes back as ``<result>VALUE</result>``; a turn that ends any other way
 submits the episode's whole text so far (``submit(answer=...)``), and that call's reward is the
-trajectory's reward (the environment's recipe, the same components as ``/v1/score``). The
-first user message is the episode's own prompt (``GET /{env}/prompt``).
+trajectory's reward (the environment's recipe, the same components as ``/v1/score``). An
+episode still calling the tool after the last turn is submitted as it stands, as the
+in-process run scores its text.
+
+The first user message is the trainer's own rendering of the task, in its tool syntax (the
+in-process calculator's instruction and the question), as a framework renders an
+environment's tools into its chat template: the service's prompt names the ORS tools, which
+this parser maps to ``<calc>``; the policy sees the same prompt either way.
 
 Every turn's calls of a batch go out at once, on a thread pool over one ``arbiter.envs``
 client (its retries and ``Idempotency-Key`` per call), so 256 episodes cost one round trip
-a turn, not 256. A call the service could not answer (unavailable, timed out after retries)
-makes that episode's reward null with its reason: masked, never 0. Episodes are deleted when
-the batch ends.
+a turn, not 256. The submits and the deletes leave the rollout's critical path: a submit
+is sent when its episode ends and the rewards are a future the trainer waits for with the
+other rewards (the next batch samples meanwhile); the deletes follow the rewards. A call the
+service could not answer (unavailable, timed out after retries) makes that episode's reward
+null with its reason: masked, never 0.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -45,88 +53,117 @@ class OrsBatch:
 
     def __init__(self, client: EnvsClient, name: str, pool: ThreadPoolExecutor):
         self.client, self.name, self.pool = client, name, pool
-        self.sessions: list[Session | None] = []
+        self.opening: list[Future[Session | ArbiterError]] = []
         self.texts: list[str] = []
-        self.rewards: list[EnvReward] = []
+        # episodes whose reward is null already: never opened, or a call the service failed
+        self.null: dict[int, EnvReward] = {}
+        self.submits: dict[int, Future[EnvReward]] = {}
 
-    def _each(self, fn: Callable[[int], T], items: list[int]) -> list[T | ArbiterError]:
-        def guarded(i: int) -> T | ArbiterError:
-            try:
-                return fn(i)
-            except ArbiterError as e:
-                return e
-
-        return list(self.pool.map(guarded, items))
+    @staticmethod
+    def _guarded(fn: Callable[[int], T], i: int) -> T | ArbiterError:
+        try:
+            return fn(i)
+        except ArbiterError as e:
+            return e
 
     def reset(self, problems: list[Problem]) -> list[str]:
-        """One episode per problem (GSM8K's question and worked answer as its task); the
-        first user messages."""
+        """One episode per problem (GSM8K's question and worked answer as its task), opened
+        while the first turn samples; the first user messages, rendered as in process."""
 
-        def open_one(i: int) -> tuple[Session, str]:
+        def open_one(i: int) -> Session:
             p = problems[i]
-            task = {"question": p.question, "answer": p.reference}
-            s = self.client.session(self.name, task)
-            return s, "\n".join(b.text for b in s.prompt())
+            return self.client.session(self.name, {"question": p.question, "answer": p.reference})
 
-        opened = self._each(open_one, list(range(len(problems))))
+        # a task queued on the pool after these may wait for them: they started before it
+        self.opening = [self.pool.submit(self._guarded, open_one, i) for i in range(len(problems))]
         self.texts = [""] * len(problems)
-        self.rewards = [EnvReward(None, "episode not finished")] * len(problems)
-        self.sessions, prompts = [], []
-        for i, got in enumerate(opened):
-            if isinstance(got, ArbiterError):
-                self.sessions.append(None)
-                self.rewards[i] = EnvReward(None, f"create: {got}")
-                prompts.append(problems[i].question)  # sampled along, masked
-            else:
-                self.sessions.append(got[0])
-                prompts.append(got[1])
-        return prompts
+        env = CalculatorEnv()
+        return [env.reset(p) for p in problems]
+
+    def session(self, i: int) -> Session | None:
+        """Episode ``i``'s session once opened; None when it could not be (its reward null)."""
+        got = self.opening[i].result()
+        if isinstance(got, ArbiterError):
+            self.null.setdefault(i, EnvReward(None, f"create: {got}"))
+            return None
+        return got
+
+    def _submit(self, i: int) -> EnvReward:
+        s = self.session(i)
+        if s is None or i in self.null:
+            return self.null[i]
+        try:
+            out = s.call("submit", answer=self.texts[i])
+        except ToolRefused as e:
+            return EnvReward(None, f"submit refused: {e}")
+        except ArbiterError as e:  # the service's failure, not the policy's
+            return EnvReward(None, f"{e.kind}: {e}")
+        return EnvReward(out.reward, "" if out.reward is not None else "submit returned no reward")
+
+    def _end(self, i: int) -> None:
+        """The episode's submit, sent now; its reward is collected by ``rewards``."""
+        if i not in self.submits:
+            self.submits[i] = self.pool.submit(self._submit, i)
+
+    def _calculate(self, i: int, expression: str) -> Step:
+        s = self.session(i)
+        if s is None:
+            return Step("", True)
+        try:
+            out = s.call("calculate", expression=expression)
+            value = "".join(b.text for b in out.blocks).strip()
+            failed = bool(out.metadata and "error" in out.metadata)
+        except ToolRefused as e:  # the policy's bad expression: its observation
+            value, failed = f"error: {e}"[:200], True
+        except ArbiterError as e:  # the service's failure, not the policy's
+            self.null[i] = EnvReward(None, f"{e.kind}: {e}")
+            return Step("", True)
+        obs = f"<result>{value}</result>"
+        self.texts[i] += obs
+        return Step(obs, False, tool_call=True, tool_error=failed)
 
     def step(self, actions: dict[int, tuple[str, bool]]) -> dict[int, Step]:
-        """Each trajectory's turn (its action text, whether it ended at EOS) -> its Step."""
-
-        def one(i: int) -> Step:
-            action, eos = actions[i]
-            self.texts[i] += action
-            s = self.sessions[i]
-            if s is None:
-                return Step("", True)
-            calls = CALC_CALL.findall(action)
-            if not eos and calls:
-                try:
-                    out = s.call("calculate", expression=calls[-1])
-                    value = "".join(b.text for b in out.blocks).strip()
-                    failed = bool(out.metadata and "error" in out.metadata)
-                except ToolRefused as e:  # the policy's bad expression: its observation
-                    value, failed = f"error: {e}"[:200], True
-                obs = f"<result>{value}</result>"
-                self.texts[i] += obs
-                return Step(obs, False, tool_call=True, tool_error=failed)
-            try:
-                out = s.call("submit", answer=self.texts[i])
-                self.rewards[i] = EnvReward(out.reward, "" if out.reward is not None else
-                                            "submit returned no reward")  # fmt: skip
-            except ToolRefused as e:
-                self.rewards[i] = EnvReward(None, f"submit refused: {e}")
-            return Step("", True)
-
-        done = self._each(one, list(actions))
+        """Each trajectory's turn (its action text, whether it ended at EOS) -> its Step:
+        the turn's calculator calls at once; the others end their episodes (submits sent)."""
+        calling: dict[int, Future[Step]] = {}
         out: dict[int, Step] = {}
-        for i, got in zip(actions, done, strict=True):
-            if isinstance(got, ArbiterError):  # the service's failure, not the policy's
-                self.rewards[i] = EnvReward(None, f"{got.kind}: {got}")
+        for i, (action, eos) in actions.items():
+            self.texts[i] += action
+            calls = CALC_CALL.findall(action)
+            if eos or not calls or i in self.null:
                 out[i] = Step("", True)
             else:
-                out[i] = got
-        return out
+                calling[i] = self.pool.submit(self._calculate, i, calls[-1])
+        for i, f in calling.items():
+            out[i] = f.result()
+        for i, step in out.items():
+            if step.done:
+                self._end(i)
+        return {i: out[i] for i in actions}
 
-    def close(self) -> None:
-        def end(i: int) -> None:
-            s = self.sessions[i]
-            if s is not None:
-                s.close()
+    def rewards(self) -> Future[list[EnvReward]]:
+        """Every episode's reward once its submit has answered (an episode still going after
+        the last turn is submitted now); then the episodes are deleted, not waited for."""
+        for i in range(len(self.opening)):
+            self._end(i)
+        futures = [self.submits[i] for i in range(len(self.opening))]
 
-        self._each(end, list(range(len(self.sessions))))
+        def collect() -> list[EnvReward]:
+            got = [f.result() for f in futures]
+            for i in range(len(self.opening)):
+                self.pool.submit(self._guarded, self._delete, i)
+            return got
+
+        return _COLLECTOR.submit(collect)
+
+    def _delete(self, i: int) -> None:
+        s = self.opening[i].result()
+        if not isinstance(s, ArbiterError):
+            s.close()
+
+
+# Waits for a batch's submits (never on the pool it waits for, which could be full of them)
+_COLLECTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ors-rewards")
 
 
 class OrsEnvironments:
@@ -143,6 +180,22 @@ class OrsEnvironments:
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
+
+
+def episode_rewards_later(
+    groups: list[ScoreGroup], rewards: Future[list[EnvReward]], env: str
+) -> Future[BatchRewards]:
+    """``episode_rewards`` once the episodes' rewards are in (a future, as the gateway's)."""
+    out: Future[BatchRewards] = Future()
+
+    def done(got: Future[list[EnvReward]]) -> None:
+        try:
+            out.set_result(episode_rewards(groups, got.result(), env))
+        except BaseException as e:  # handed to whoever waits on ``out``
+            out.set_exception(e)
+
+    rewards.add_done_callback(done)
+    return out
 
 
 def episode_rewards(groups: list[ScoreGroup], rewards: list[EnvReward], env: str) -> BatchRewards:

@@ -13,6 +13,7 @@ Every call into the sampler goes through ``generate`` below (one place to adapt)
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,8 +48,9 @@ class Rollout:
     turns: list[int] = field(default_factory=list)
     tool_calls: list[int] = field(default_factory=list)  # per sequence (multi-turn only)
     tool_errors: list[int] = field(default_factory=list)  # tool calls that failed
-    # env=ors:<name>: each episode's own reward (trainer.ors.EnvReward), not the gateway's
-    env_rewards: list[Any] | None = None
+    # env=ors:<name>: the episodes' own rewards (a future of trainer.ors.EnvReward's), not
+    # the gateway's
+    env_rewards: Future[list[Any]] | None = None
     env_s: float = 0.0  # seconds the rollout spent in its environments' reset and steps
     old_logps: torch.Tensor | None = None  # behaviour policy, (S, N)
     ref_logps: torch.Tensor | None = None  # frozen reference, (S, N)

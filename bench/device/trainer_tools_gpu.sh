@@ -15,7 +15,8 @@
 # tool-fast: the tool run at lr 1e-4; tool-ors (not in the default RUNS): the tool run with
 # its episodes through the environments service behind the gateway (env=ors:calculator), which
 # needs a redis-server on the machine: carry [".carry/trainer", ".carry/redis"] (prepare_carry.sh).
-# EVERY: steps between held-out evaluations (default 100).
+# EVERY: steps between held-out evaluations (default 100); ORS_PROCESSES: the gateway's and the
+# environments service's event-loop processes in tool-ors (default 4; SMALL=1: 1).
 # ENV_READY=1: the caller has already sourced gpu_env.sh (another script runs beside this one)
 [ "${ENV_READY:-0}" = 1 ] || source "$(dirname "$0")/gpu_env.sh"
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 OUT=${OUT:-/tmp/tools_out}
@@ -23,9 +24,10 @@ PY=${PY:-python3}
 W=${WORK:-/tmp/tools_work}; O=$W/out
 RUNS=${RUNS:-tool notool gsm8k diverse diverse-w}
 if [ "${SMALL:-0}" = 1 ]; then
-  T=${T:-150}; STEPS=2; EVERY=2; EMB=default; TOOL_SFT=20; VW=1
+  T=${T:-150}; STEPS=2; EVERY=2; EMB=default; TOOL_SFT=20; VW=1; NP=${ORS_PROCESSES:-1}
 else
   T=${T:-420}; STEPS=4000; EVERY=${EVERY:-100}; EMB=$PWD/.carry/embedding/minilm-fp16; TOOL_SFT=600; VW=3
+  NP=${ORS_PROCESSES:-4}
 fi
 WEIGHT=${W_DIV:-1.0}
 mkdir -p "$OUT" "$O"
@@ -43,7 +45,8 @@ for r in $RUNS; do
     tool) $TOOL --work $W/tool --tag tool env=calculator ;;
     notool) $TOOL --work $W/notool --tag notool env=calculator-off ;;
     tool-fast) $TOOL --work $W/tool-fast --tag tool-fast env=calculator lr=1e-4 ;;
-    tool-ors) $TOOL --ors --work $W/tool-ors --tag tool-ors env=ors:calculator ;;
+    tool-ors) GATEWAY_PROCESSES=$NP ENVS_PROCESSES=$NP \
+                $TOOL --ors --work $W/tool-ors --tag tool-ors env=ors:calculator ;;
     gsm8k) $DIV --work $W/gsm8k --tag gsm8k recipe=gsm8k ;;
     diverse) $DIV --work $W/diverse --tag diverse recipe=gsm8k-diverse ;;
     diverse-w) $DIV --work $W/diverse-w --tag diverse-w "recipe=$recipe_w" ;;

@@ -4,7 +4,7 @@
   (math_accuracy 1.0 + format 0.5), as ``/v1/score`` would score it.
 - ``calculator``: ``calculate(expression)``, arithmetic by the graders' formula evaluator
   (``services/graders/expression.py``: a walk over the AST, never ``eval``); ``submit(answer)``
-  scored by math_accuracy alone (``rewards.ANSWER_RECIPE``).
+  as math (a bare number earns math_accuracy's 1.0; the <think>/<answer> layout format's 0.5).
 - ``python``: ``run(code)`` in the sandbox (``cells.py``), ``submit(answer)`` as calculator.
 - ``code``: ``run_tests(code)`` against the task's visible tests, ``submit(code)`` scored by
   the ``code`` recipe (code_tests, the share passed) on the hidden ones.
@@ -29,7 +29,7 @@ from arbiter.proto.envs import CodeTask, MathTask, TextBlock, ToolOutput, ToolSp
 from arbiter.proto.gateway import Recipe, RecipeComponent
 from arbiter.services.common.app import field_path
 from arbiter.services.envs import cells
-from arbiter.services.envs.rewards import ANSWER_RECIPE, Judged, Rewards
+from arbiter.services.envs.rewards import Judged, Rewards
 from arbiter.services.envs.settings import EnvsSettings
 from arbiter.services.envs.tasks import TaskSet
 from arbiter.services.gateway.recipes import ResolvedRecipe, resolve
@@ -121,25 +121,23 @@ class Environment:
         raise NotImplementedError
 
 
-SUBMIT = Tool("submit", "Submit your final answer; this ends the episode.", Answer)
+SUBMIT = Tool("submit", "Submit your whole final response; this ends the episode.", Answer)
 MATH_PROMPT = (
     "Solve the math problem. Reason step by step inside <think>...</think>, then give the "
-    "final number inside <answer>...</answer>. Call submit with that whole response."
+    "final number inside <answer>...</answer>.{how} Call submit with that whole response."
 )
-TOOL_PROMPT = "Solve the math problem. {how} When you know the answer, call submit with it."
 
 
 class Math(Environment):
     name = "math"
     description = "GSM8K: submit the response; the gsm8k recipe scores it."
-    tools: tuple[Tool, ...] = (
-        Tool("submit", "Submit your whole final response; this ends the episode.", Answer),
-    )
+    tools: tuple[Tool, ...] = (SUBMIT,)
     task_model = MathTask
     recipe_name = "gsm8k"
+    how = ""  # a tool environment's sentence on its tool, in the prompt
 
     def prompt(self, task: dict[str, Any]) -> str:
-        return f"{MATH_PROMPT}\n\n{task['question']}"
+        return f"{MATH_PROMPT.format(how=self.how)}\n\n{task['question']}"
 
     def scoring(self) -> ResolvedRecipe:
         return self.rewards.recipe(self.recipe_name)
@@ -161,16 +159,8 @@ class Math(Environment):
 
 
 class MathWithTool(Math):
-    """GSM8K with one tool beside ``submit(answer)``, which ``math_accuracy`` alone scores;
-    a subclass names the tool in ``how`` and runs it in ``use``."""
-
-    how = ""
-
-    def prompt(self, task: dict[str, Any]) -> str:
-        return f"{TOOL_PROMPT.format(how=self.how)}\n\n{task['question']}"
-
-    def scoring(self) -> ResolvedRecipe:
-        return ANSWER_RECIPE
+    """GSM8K with one tool beside ``submit(answer)``, scored as math; a subclass names the
+    tool in ``how`` and runs it in ``use``."""
 
     async def call(
         self, tool: Tool, args: Any, task: dict[str, Any], cells_: list[str], team: str
@@ -185,12 +175,12 @@ class MathWithTool(Math):
 
 class Calculator(MathWithTool):
     name = "calculator"
-    description = "GSM8K with a calculator; submit the answer (math_accuracy)."
+    description = "GSM8K with a calculator; submit the response (the gsm8k recipe)."
     tools = (
         Tool("calculate", "Evaluate an arithmetic expression.", Expression),
         SUBMIT,
     )
-    how = "You may call calculate(expression) for arithmetic."
+    how = " While thinking you may call calculate(expression) for arithmetic."
 
     async def use(self, args: Any, cells_: list[str], team: str) -> Step:
         try:
@@ -214,7 +204,7 @@ class Python(MathWithTool):
         SUBMIT,
     )
     needs_sandbox = True
-    how = "You may call run(code) to run Python; print what you want to see."
+    how = " While thinking you may call run(code) to run Python; print what you want to see."
 
     async def use(self, args: Any, cells_: list[str], team: str) -> Step:
         if len(cells_) >= self.settings.max_cells:

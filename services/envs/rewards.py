@@ -20,23 +20,12 @@ from typing import Any
 from arbiter.errors import ArbiterError, Timeout, Unavailable
 from arbiter.proto.components import ScoreGroup
 from arbiter.proto.errors import RETRYABLE_KINDS
-from arbiter.proto.gateway import Recipe, RecipeComponent
 from arbiter.services.envs.settings import EnvsSettings
 from arbiter.services.gateway.cache import NullCache
 from arbiter.services.gateway.fanout import ComponentClient
-from arbiter.services.gateway.recipes import RecipeBook, ResolvedRecipe, resolve
+from arbiter.services.gateway.recipes import RecipeBook, ResolvedRecipe
 from arbiter.services.gateway.scoring import Scope, Scored, Scorer
 from arbiter.services.gateway.settings import GatewaySettings
-
-# The answer alone (calculator, python): math_accuracy, the gsm8k recipe's first component.
-# A bare answer has no <think>/<answer> layout, so the recipe's format term would only
-# subtract; the math environment's submit takes the whole response and the whole recipe.
-ANSWER_RECIPE = resolve(
-    Recipe(
-        name="gsm8k-answer",
-        components=[RecipeComponent(name="math_accuracy", weight=1.0, params={})],
-    )
-)
 
 
 @dataclass

@@ -4,12 +4,15 @@ episodes' own rewards, and a service that cannot answer giving null rewards with
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import pytest
 
+from arbiter.errors import ArbiterError
 from arbiter.proto.components import ScoreGroup
 from arbiter.trainer.data import Problem
+from arbiter.trainer.env import CalculatorEnv
 from arbiter.trainer.ors import OrsEnvironments, episode_rewards
 from tests.services.gateway.envs_stack import EnvsStack, envs_stack
 
@@ -38,7 +41,8 @@ def test_256_episodes_step_together_and_bring_their_own_rewards(ors: OrsEnvironm
     tasks = problems(256)
     batch = ors.batch()
     prompts = batch.reset(tasks)
-    assert all("What is" in p for p in prompts)  # the episode's own first message
+    # the trainer's own rendering, as in process: its tool syntax and the question
+    assert prompts == [CalculatorEnv().reset(p) for p in tasks]
     # turn 1: every episode calls the calculator
     steps = batch.step({i: (f"<think><calc>{i} * 7</calc>", False) for i in range(256)})
     assert [s.observation for s in steps.values()][:3] == [
@@ -50,15 +54,48 @@ def test_256_episodes_step_together_and_bring_their_own_rewards(ors: OrsEnvironm
     # turn 2: even episodes answer right, odd ones wrong
     answers = {i: (f"</think><answer>{i * 7 + i % 2}</answer>", True) for i in range(256)}
     assert all(s.done for s in batch.step(answers).values())
-    batch.close()
-    assert [r.reward for r in batch.rewards] == [1.0 - i % 2 for i in range(256)]
+    rewards = batch.rewards().result(timeout=120)
+    # the gsm8k recipe: math_accuracy 1.0 when right + format 0.5 for the layout
+    assert [r.reward for r in rewards] == [1.5 - i % 2 for i in range(256)]
     # in the trainer's shape: groups of 8, nothing masked
     groups = [
         ScoreGroup(id=f"g{g}", prompt="q", reference="r", responses=["x"] * 8) for g in range(32)
     ]
-    shaped = episode_rewards(groups, batch.rewards, "ors:calculator")
-    assert shaped.flat() == [1.0 - i % 2 for i in range(256)]
+    shaped = episode_rewards(groups, rewards, "ors:calculator")
+    assert shaped.flat() == [1.5 - i % 2 for i in range(256)]
     assert shaped.error_kinds() == {}
+
+
+def test_an_episode_still_calling_after_the_last_turn_is_submitted_as_it_stands(
+    ors: OrsEnvironments,
+) -> None:
+    batch = ors.batch()
+    batch.reset(problems(2))
+    batch.step({0: ("<calc>1 * 7</calc>", False), 1: ("<answer>7</answer>", True)})
+    got = batch.rewards().result(timeout=60)
+    # no <answer> in episode 0's text: scored 0 (as in process), not null, not dropped
+    assert [r.reward for r in got] == [0.0, 1.0]
+    assert [r.error for r in got] == ["", ""]
+
+
+def test_the_episodes_are_deleted_once_their_rewards_are_in(ors: OrsEnvironments) -> None:
+    batch = ors.batch()
+    batch.reset(problems(3))
+    batch.step({i: ("<answer>0</answer>", True) for i in range(3)})
+    batch.rewards().result(timeout=60)
+    sessions = [s for s in map(batch.session, range(3)) if s is not None]
+    assert len(sessions) == 3
+    deadline = time.monotonic() + 30
+    gone: set[str] = set()
+    while len(gone) < 3 and time.monotonic() < deadline:  # the deletes are not waited for
+        for s in sessions:
+            try:
+                s.prompt()
+            except ArbiterError as e:
+                assert e.status == 404
+                gone.add(s.sid)
+        time.sleep(0.1)
+    assert len(gone) == 3
 
 
 def test_a_bad_expression_is_the_policys_observation(ors: OrsEnvironments) -> None:
@@ -67,7 +104,7 @@ def test_a_bad_expression_is_the_policys_observation(ors: OrsEnvironments) -> No
     step = batch.step({0: ("<calc>import os</calc>", False)})[0]
     assert step.tool_call and step.tool_error and not step.done
     assert step.observation.startswith("<result>error")
-    batch.close()
+    batch.rewards().result(timeout=60)
 
 
 def test_an_unreachable_service_gives_null_rewards_with_the_reason_never_0() -> None:
@@ -80,12 +117,12 @@ def test_an_unreachable_service_gives_null_rewards_with_the_reason_never_0() -> 
         batch = envs.batch()
         batch.reset(problems(4))
         batch.step({i: ("<answer>0</answer>", True) for i in range(4)})
-        batch.close()
+        rewards = batch.rewards().result(timeout=60)
     finally:
         envs.close()
-    assert [r.reward for r in batch.rewards] == [None] * 4
-    assert all(r.error.startswith("create: ") for r in batch.rewards)
+    assert [r.reward for r in rewards] == [None] * 4
+    assert all(r.error.startswith("create: ") for r in rewards)
     groups = [ScoreGroup(id="g", prompt="q", reference="r", responses=["x"] * 4)]
-    shaped = episode_rewards(groups, batch.rewards, "ors:calculator")
+    shaped = episode_rewards(groups, rewards, "ors:calculator")
     assert shaped.groups[0].masked == [True] * 4
     assert shaped.error_kinds() == {"environment": 4}

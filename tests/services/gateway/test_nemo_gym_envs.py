@@ -62,7 +62,8 @@ def test_calculator_episode_is_verified_from_the_final_text(envs_stack: EnvsStac
     out = r.json()
     for key in ("responses_create_params", "response", "question", "expected_answer"):
         assert out[key] == body[key], key  # the request echoed
-    assert out["reward"] == 1.0 and out["reward_components"] == {"math_accuracy": 1.0}
+    assert out["reward"] == 1.0  # the gsm8k recipe: a bare answer earns no format
+    assert out["reward_components"] == {"math_accuracy": 1.0, "format": 0.0}
     assert out["mask_sample"] is False and out["failure_kind"] is None
 
 
