@@ -28,13 +28,12 @@ def problems(n: int) -> list[Problem]:
 @pytest.fixture
 def ors(envs_stack: EnvsStack) -> Iterator[OrsEnvironments]:
     # the team's tool-call quota off for this gateway: 512 calls in one test
-    proc, url = envs_stack.gateway_with(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE="0")
-    envs = OrsEnvironments("ors:calculator", url, envs_stack.keys.keys["alpha"])
-    try:
-        yield envs
-    finally:
-        envs.close()
-        proc.stop()
+    with envs_stack.gateway_with(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE="0") as url:
+        envs = OrsEnvironments("ors:calculator", url, envs_stack.keys.keys["alpha"])
+        try:
+            yield envs
+        finally:
+            envs.close()
 
 
 def test_256_episodes_step_together_and_bring_their_own_rewards(ors: OrsEnvironments) -> None:

@@ -10,6 +10,7 @@ serve envs`` and an ``arbiter serve gateway`` with a keys file of two teams (``a
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,7 +20,6 @@ from typing import Any
 import httpx
 import pytest
 
-from arbiter.procs import ManagedProcess
 from tests.conftest import start_service
 from tests.services.gateway.teams import Keys, start_gateway
 
@@ -33,10 +33,16 @@ class EnvsStack:
     keys: Keys
     log_dir: Path
 
-    def gateway_with(self, **env: str) -> tuple[ManagedProcess, str]:
-        """Another gateway on the same envs service (and the same state Redis)."""
+    @contextlib.contextmanager
+    def gateway_with(self, **env: str) -> Iterator[str]:
+        """Another gateway on the same envs service (and the same state Redis), with
+        settings ``env``: its URL, the gateway stopped when the block ends."""
         env = {"GATEWAY_ENVS_URL": self.envs, **env}
-        return start_gateway(self.log_dir, self.verify, self.redis, self.keys, **env)
+        proc, url = start_gateway(self.log_dir, self.verify, self.redis, self.keys, **env)
+        try:
+            yield url
+        finally:
+            proc.stop()
 
 
 @pytest.fixture(scope="module")

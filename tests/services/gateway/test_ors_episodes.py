@@ -127,16 +127,13 @@ def test_a_bad_task_spec_is_refused_naming_the_field(envs_stack: EnvsStack) -> N
 
 
 def test_envs_down_is_a_retryable_503(envs_stack: EnvsStack) -> None:
-    proc, url = envs_stack.gateway_with(GATEWAY_ENVS_URL="http://127.0.0.1:9")
-    try:
+    with envs_stack.gateway_with(GATEWAY_ENVS_URL="http://127.0.0.1:9") as url:
         envs = EnvsClient(url, api_key=envs_stack.keys.keys["alpha"], retry=NO_RETRY)
         with envs, pytest.raises(ArbiterError) as down:
             envs.session("math", {"question": "1 + 1?", "answer": "2"})
         assert down.value.status == 503 and down.value.retryable
         assert down.value.code == "envs_unavailable"
         assert "127.0.0.1:9" not in down.value.message  # never where
-    finally:
-        proc.stop()
 
 
 def test_unknown_session_is_404(envs_stack: EnvsStack) -> None:

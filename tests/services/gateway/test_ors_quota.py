@@ -38,8 +38,7 @@ def test_tool_calls_per_minute_refuse_with_retry_after(envs_stack: EnvsStack) ->
     label, team = fresh_team(envs_stack)
     other, _ = fresh_team(envs_stack)
     # 3 a minute: the episode opened (/create takes one) and two tool calls
-    proc, url = envs_stack.gateway_with(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE="3")
-    try:
+    with envs_stack.gateway_with(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE="3") as url:
         task = first_task(envs_stack, "calculator")
         key = envs_stack.keys.keys[label]
         envs = EnvsClient(url, api_key=key, retry=NO_RETRY)
@@ -78,14 +77,11 @@ def test_tool_calls_per_minute_refuse_with_retry_after(envs_stack: EnvsStack) ->
         report = wait_for(lambda: usage(url, admin, team=team))
         assert team_total(report, team, "env_tool_calls") == 2
         assert team_total(report, team, "rate_limited") == 3
-    finally:
-        proc.stop()
 
 
 def test_opening_episodes_is_held_to_the_quota(envs_stack: EnvsStack) -> None:
     label, _ = fresh_team(envs_stack)
-    proc, url = envs_stack.gateway_with(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE="2")
-    try:
+    with envs_stack.gateway_with(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE="2") as url:
         headers = envs_stack.keys.headers(label)
         task = first_task(envs_stack, "calculator")
 
@@ -103,15 +99,12 @@ def test_opening_episodes_is_held_to_the_quota(envs_stack: EnvsStack) -> None:
         assert r.status_code == 429, r.text
         assert r.json()["error"]["code"] == "quota_exceeded"
         assert "tool_calls_per_minute" in r.json()["error"]["message"]
-    finally:
-        proc.stop()
 
 
 def test_sandbox_cpu_is_charged_and_recorded(envs_stack: EnvsStack) -> None:
     label, team = fresh_team(envs_stack)
     # 1 ms of sandbox CPU per minute: one run() uses more, so the next tool call waits
-    proc, url = envs_stack.gateway_with(GATEWAY_ENVS_SANDBOX_CPU_S_PER_MINUTE="0.001")
-    try:
+    with envs_stack.gateway_with(GATEWAY_ENVS_SANDBOX_CPU_S_PER_MINUTE="0.001") as url:
         task = first_task(envs_stack, "python")
         key = envs_stack.keys.keys[label]
         envs = EnvsClient(url, api_key=key, retry=NO_RETRY)
@@ -130,5 +123,3 @@ def test_sandbox_cpu_is_charged_and_recorded(envs_stack: EnvsStack) -> None:
         report = wait_for(charged)
         assert report is not None, "the run's sandbox CPU was not recorded"
         assert team_total(report, team, "env_tool_calls") == 1
-    finally:
-        proc.stop()
