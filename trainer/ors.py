@@ -139,7 +139,7 @@ class OrsBatch:
         for i, step in out.items():
             if step.done:
                 self._end(i)
-        return {i: out[i] for i in actions}
+        return out
 
     def rewards(self) -> Future[list[EnvReward]]:
         """Every episode's reward once its submit has answered (an episode still going after

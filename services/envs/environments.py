@@ -193,7 +193,7 @@ class Calculator(MathWithTool):
 
 class Python(MathWithTool):
     name = "python"
-    description = "GSM8K with a Python interpreter (sandboxed); submit the answer."
+    description = "GSM8K with a Python interpreter (sandboxed); submit the response."
     tools = (
         Tool(
             "run",
