@@ -9,8 +9,10 @@ is an SSE body: ``task_id``, then the ``RunToolOutput`` JSON in ``chunk`` events
 4096 characters, the last one ``end``.
 
 Arbiter's own additions, internal between the gateway and the service: the team header
-(``proto.common.TEAM_HEADER``) on every session route, and ``USAGE_HEADER`` on a tool call's
-answer (what the call cost, for the team's quota and ledger).
+(``proto.common.TEAM_HEADER``) on every session route, and two SSE comments on a tool
+call's stream, which ORS clients skip: ``USAGE_COMMENT`` (what the run cost, for the team's
+quota and ledger; the gateway takes it out) and ``ERROR_COMMENT`` (the status and error
+envelope of a call that did not answer).
 """
 
 from __future__ import annotations
@@ -23,8 +25,13 @@ from arbiter.proto.common import ArbiterModel
 from arbiter.proto.gateway import JsonObject
 
 SESSION_HEADER = "X-Session-ID"
-# On a tool call's answer: {"tool_calls": 1, "sandbox_cpu_ms": <int>} as JSON.
-USAGE_HEADER = "X-Arbiter-Usage"
+# The openreward SDK's name of the environment (``environments.get(name=…)``) on every call;
+# the environment of a bare route (``/tools``, ``/call``…) sent without ``variant``.
+DEPLOYMENT_HEADER = "X-Deployment"
+# On a tool call's stream: ``: arbiter-usage {"tool_calls": 1, "sandbox_cpu_ms": <int>}``,
+# and, for a call that did not answer, ``: arbiter-error <status> <envelope>``.
+USAGE_COMMENT = ": arbiter-usage "
+ERROR_COMMENT = ": arbiter-error "
 SSE_CHUNK_CHARS = 4096  # ORS: a result longer than this comes in several events
 
 SplitType = Literal["train", "validation", "test"]
@@ -101,6 +108,11 @@ class CreateEpisode(ArbiterModel):
     split: str | None = Field(default=None, max_length=64)
     index: int | None = Field(default=None, ge=0)
     toolset_name: str | None = Field(default=None, description="ORS's; none are offered here.")
+    secrets: JsonObject | None = Field(
+        default=None,
+        description="ORS's secrets for the environment (API keys it calls out with): "
+        "accepted and not kept, as no environment here needs one.",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> CreateEpisode:
@@ -137,7 +149,7 @@ class RunToolError(ArbiterModel):
 
 
 class Usage(ArbiterModel):
-    """``USAGE_HEADER``'s value: what one tool call cost."""
+    """``USAGE_COMMENT``'s value: what one tool call cost."""
 
     tool_calls: int = 1
     sandbox_cpu_ms: int = 0

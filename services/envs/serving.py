@@ -6,17 +6,17 @@ gateway's ``X-Arbiter-Team``) and the sid; the state is ``store.Store``'s.
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter
 
-from arbiter.errors import ArbiterError, BadRequest, NotFound
+from arbiter.errors import ArbiterError, BadRequest, NotFound, Timeout
 from arbiter.proto.envs import (
-    SSE_CHUNK_CHARS,
     CreateEpisode,
     ListToolsOutput,
     RunToolError,
@@ -26,6 +26,7 @@ from arbiter.proto.envs import (
     ToolCall,
     Usage,
 )
+from arbiter.services.envs.calls import Calls, Claimer, Outcome
 from arbiter.services.envs.environments import ENVIRONMENTS, Environment, ToolInputError
 from arbiter.services.envs.rewards import Rewards
 from arbiter.services.envs.settings import EnvsSettings
@@ -50,22 +51,22 @@ class Called:
     usage: Usage
     outcome: str = "ok"  # the refusal's reason when the call was refused
 
-    def sse(self, task_id: str) -> str:
-        """ORS's SSE body: ``task_id``, then the result in chunks, the last one ``end``."""
-        events = [("task_id", task_id)]
-        pieces = [
-            self.result[i : i + SSE_CHUNK_CHARS]
-            for i in range(0, len(self.result), SSE_CHUNK_CHARS)
-        ]
-        events += [("end" if i == len(pieces) - 1 else "chunk", p) for i, p in enumerate(pieces)]
-        return "".join(f"event: {e}\ndata: {d}\n\n" for e, d in events)
+
+@dataclass(frozen=True)
+class Running:
+    """A call started or attached to: its id, its outcome to come, and who reports its
+    cost (``calls.sse_stream`` takes the three)."""
+
+    task_id: str
+    outcome: Awaitable[Outcome]
+    claim: Claimer
 
 
 class AfterRun(Exception):
     """A tool call that ran (its sandbox CPU is spent) but whose episode could not be saved:
-    another call on it saved first (409 ``session_busy``), or the state Redis failed (503).
-    The answer is ``error``'s envelope with ``usage`` in ``X-Arbiter-Usage``, so the gateway
-    charges what ran: a team racing calls on one episode pays for every run."""
+    it was deleted, or opened again, while the call ran (409 ``session_busy``), or the state
+    Redis failed (503). Its outcome is ``error`` with ``usage``, so the gateway charges what
+    ran."""
 
     def __init__(self, error: ArbiterError, usage: Usage):
         super().__init__(error.message)
@@ -78,6 +79,7 @@ class Envs:
         self.settings = settings
         self.store = store
         self.rewards = rewards
+        self.calls = Calls(store.redis, settings.call_timeout_s)
         gsm8k, self.gsm8k_check = load_gsm8k(settings.gsm8k_dir)
         if self.gsm8k_check != "ok":
             log.warning("GSM8K tasks not loaded: %s", self.gsm8k_check)
@@ -138,21 +140,44 @@ class Envs:
         env = self._env_of(episode, name)
         return [TextBlock(text=env.prompt(episode.task))]
 
-    async def call(self, team: str, sid: str, name: str, call: ToolCall) -> Called:
+    async def call(self, team: str, sid: str, name: str, call: ToolCall) -> Running:
+        """Starts the call (or, for a ``task_id`` already running or answered, attaches to
+        it): what is wrong with the request itself (no episode, another environment) is
+        raised here, before the first byte of the stream."""
         episode = await self.store.load(team, sid)
         env = self._env_of(episode, name)
+        task_id = call.task_id or uuid.uuid4().hex
+        if await self.calls.begin(team, sid, task_id):
+            self.calls.start(team, sid, task_id, self._run(team, sid, env, call))
+        outcome = self.calls.outcome(team, sid, task_id)
+        return Running(task_id, outcome, Claimer(self.calls, team, sid, task_id))
+
+    async def _run(self, team: str, sid: str, env: Environment, call: ToolCall) -> Outcome:
+        """One run of the call, in the episode's turn, on the episode as the call before
+        left it; a failure that was not the policy's is its outcome, never raised."""
         tool = env.tool(call.name)
         label = tool.name if tool is not None else "(unknown)"  # a caller's names stay out
         try:
-            called = await self._call(team, sid, episode, env, call)
+            async with asyncio.timeout(self.settings.call_timeout_s), self.calls.lock(team, sid):
+                episode = await self.store.load(team, sid)
+                called = await self._call(team, sid, episode, env, call)
+        except TimeoutError:
+            TOOL_CALLS.labels(env.name, label, "timeout").inc()
+            late = Timeout(
+                f"the tool call did not finish within {self.settings.call_timeout_s:g} s "
+                "(ENVS_CALL_TIMEOUT_S, its wait behind the episode's other calls included); "
+                "retry",
+                code="call_timeout",
+            )
+            return Outcome(None, late)
         except ArbiterError as exc:
             TOOL_CALLS.labels(env.name, label, exc.kind).inc()
-            raise
+            return Outcome(None, exc)
         except AfterRun as exc:
             TOOL_CALLS.labels(env.name, label, exc.error.kind).inc()
-            raise
+            return Outcome(None, exc.error, exc.usage)
         TOOL_CALLS.labels(env.name, label, called.outcome).inc()
-        return called
+        return Outcome(called.result, None, called.usage)
 
     async def _call(
         self, team: str, sid: str, episode: Episode, env: Environment, call: ToolCall
@@ -181,8 +206,14 @@ class Envs:
         result = RunToolSuccess(output=step.output).model_dump_json()
         return Called(result, usage)
 
+    async def task_tools(self, team: str, sid: str, name: str) -> ListToolsOutput:
+        episode = await self.store.load(team, sid)
+        return self.tools(self._env_of(episode, name).name)
+
     def _env_of(self, episode: Episode, name: str) -> Environment:
-        if name.lower() != episode.env:
+        """The episode's environment; ``name`` (a path's) must be it, "" (a bare route's)
+        is it."""
+        if name and name.lower() != episode.env:
             raise BadRequest(
                 f"env_name: this episode is of {episode.env!r}, not {name[:64]!r}",
                 param="env_name",
@@ -195,7 +226,3 @@ def refused(message: str, reason: Any) -> Called:
     """A tool call refused inside the ORS body (``ok: false``): it cost a call, no CPU."""
     body = RunToolError(error=message, reason=reason).model_dump_json()
     return Called(body, Usage(), outcome=reason)
-
-
-def usage_header(usage: Usage) -> str:
-    return json.dumps(usage.model_dump(), separators=(",", ":"))

@@ -42,6 +42,21 @@ class EnvsSettings(ServiceSettings):
         le=600,
         description="Deadline of one call to verify or the sandbox (queueing included).",
     )
+    call_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=3600,
+        description="A tool call's deadline, its wait behind the episode's earlier calls "
+        "included (calls on one episode run one at a time; the turn is held at most this "
+        "long). Past it the call answers 504 inside its stream (retryable).",
+    )
+    sse_keepalive_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=60,
+        description="A tool call's stream sends a keep-alive comment this often while its "
+        "tool runs (ORS clients give a silent stream up after 30 s).",
+    )
     max_cells: int = Field(
         default=32,
         ge=1,

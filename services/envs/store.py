@@ -86,7 +86,7 @@ class Store:
 
     async def create(self, team: str, sid: str, episode: Episode) -> None:
         k = key(team, sid)
-        async with _redis_errors():
+        async with redis_errors():
             created = await self.redis.hsetnx(k, "state", episode.dump())
             if created:  # a fresh start: a call still running on a deleted episode of this
                 # sid read another version, so its save is refused instead of overwriting
@@ -102,7 +102,7 @@ class Store:
     async def load(self, team: str, sid: str) -> Episode:
         """The episode, its idle TTL restarted; 404 when there is none."""
         k = key(team, sid)
-        async with _redis_errors(), self.redis.pipeline(transaction=True) as pipe:
+        async with redis_errors(), self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(k)
             pipe.expire(k, self.ttl_s)
             found, _ = await pipe.execute()
@@ -112,7 +112,7 @@ class Store:
         return Episode(**state, version=found.get("version", "0"))
 
     async def save(self, team: str, sid: str, episode: Episode) -> None:
-        async with _redis_errors():
+        async with redis_errors():
             done = await self._save(
                 keys=[key(team, sid)], args=[episode.dump(), episode.version, self.ttl_s]
             )
@@ -125,17 +125,17 @@ class Store:
             )
 
     async def touch(self, team: str, sid: str) -> None:
-        async with _redis_errors():
+        async with redis_errors():
             alive = await self.redis.expire(key(team, sid), self.ttl_s)
         if not alive:
             raise not_found(sid)
 
     async def delete(self, team: str, sid: str) -> None:
-        async with _redis_errors():
+        async with redis_errors():
             await self.redis.delete(key(team, sid))
 
 
-class _redis_errors:
+class redis_errors:
     """Redis failing: 503, retryable (the episode is still there once Redis is back)."""
 
     async def __aenter__(self) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from arbiter.procs import ManagedProcess
 from arbiter.proto.common import TEAM_HEADER
-from arbiter.proto.envs import SESSION_HEADER, USAGE_HEADER
+from arbiter.proto.envs import ERROR_COMMENT, SESSION_HEADER, USAGE_COMMENT
 from tests.conftest import start_redis, start_service
 
 SANDBOX_ENV = {
@@ -29,9 +29,11 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="no bubbl
 
 
 def parse_sse(body: str) -> list[tuple[str, str]]:
-    """(event, data) pairs of an SSE body."""
+    """(event, data) pairs of an SSE body (blocks of comments alone left out)."""
     events = []
     for block in body.strip().split("\n\n"):
+        if all(line.startswith(":") for line in block.splitlines()):
+            continue
         fields: dict[str, str] = {}
         for line in block.splitlines():
             name, _, value = line.partition(": ")
@@ -96,7 +98,14 @@ class Episodes:
         assert events[0][0] == "task_id", events
         assert events[-1][0] == "end", events
         result = json.loads("".join(d for e, d in events[1:] if e in ("chunk", "end")))
-        return Called(r.status_code, result, json.loads(r.headers[USAGE_HEADER]), events)
+        return Called(r.status_code, result, sse_usage(r.text), events)
+
+
+def sse_usage(body: str) -> dict[str, Any]:
+    """The run's cost, from the stream's ``: arbiter-usage`` comment (the gateway's)."""
+    line = next(x for x in body.splitlines() if x.startswith(USAGE_COMMENT))
+    found: dict[str, Any] = json.loads(line.removeprefix(USAGE_COMMENT))
+    return found
 
 
 def start_envs(
@@ -136,3 +145,10 @@ def episodes(envs_url: str) -> Iterator[Episodes]:
     e = Episodes(envs_url)
     yield e
     e.http.close()
+
+
+def sse_error(body: str) -> tuple[int, dict[str, Any]]:
+    """(status, envelope) of a call that did not answer: its ``: arbiter-error`` comment."""
+    line = next(x for x in body.splitlines() if x.startswith(ERROR_COMMENT))
+    status, _, envelope = line.removeprefix(ERROR_COMMENT).partition(" ")
+    return int(status), json.loads(envelope)

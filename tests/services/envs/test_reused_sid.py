@@ -1,7 +1,8 @@
 """A sid deleted and opened again while a call on its first episode is still running,
 against the real envs service and sandbox.
 
-Guarded: the late call's save is refused (409 ``session_busy``) instead of writing the
+Guarded: the late call's save is refused (409 ``session_busy``, in its stream: the stream
+had begun) instead of writing the
 deleted episode (its task, its cells) over the new one: an episode opened on a split's
 task stays on that task, never on one whose answer the caller chose.
 """
@@ -13,7 +14,7 @@ import time
 
 import httpx
 
-from tests.services.envs.conftest import Episodes
+from tests.services.envs.conftest import Episodes, parse_sse, sse_error
 
 OWN = {"question": "What is 1 + 1? (my own task)", "answer": "#### 2"}
 
@@ -34,8 +35,10 @@ def test_a_late_call_does_not_overwrite_a_reopened_sid(episodes: Episodes) -> No
     r = episodes.http.post(f"{episodes.url}/create", json=body, headers=episodes.headers(sid))
     assert r.status_code == 200, r.text
     run.join(timeout=60)
-    assert late and late[0].status_code == 409, late[0].text if late else "no answer"
-    assert late[0].json()["error"]["code"] == "session_busy"
+    assert late and late[0].status_code == 200, late[0].text if late else "no answer"
+    status, envelope = sse_error(late[0].text)
+    assert status == 409 and envelope["error"]["code"] == "session_busy", late[0].text
+    assert [e for e, _ in parse_sse(late[0].text)] == ["task_id", "error"]
     prompt = episodes.prompt("python", sid).json()[0]["text"]
     assert "my own task" not in prompt
     # the reopened episode has no cell of the deleted one
