@@ -14,14 +14,13 @@ the training forward sees exactly the sequence the policy was sampled on.
 
 from __future__ import annotations
 
-import ast
-import operator
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from arbiter.calculator import MAX_LENGTH, calculate
 from arbiter.trainer.data import Problem, render_prompt
 from arbiter.trainer.generation import Sampler
 from arbiter.trainer.rollout import Rollout, RolloutSpec, collate, generate, single_turn
@@ -56,64 +55,14 @@ class Environment(Protocol):
     def step(self, action: str, *, eos: bool) -> Step: ...
 
 
-_OPS: dict[type, Any] = {
-    ast.Add: operator.add,
-    ast.Sub: operator.sub,
-    ast.Mult: operator.mul,
-    ast.Div: operator.truediv,
-    ast.FloorDiv: operator.floordiv,
-    ast.Mod: operator.mod,
-    ast.Pow: operator.pow,
-    ast.USub: operator.neg,
-    ast.UAdd: operator.pos,
-}
-
-
-def safe_eval(expr: str) -> float:
-    """Arithmetic only (no names, calls or attributes); exponents capped to keep it cheap."""
-
-    def ev(node: ast.AST) -> float:
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if (
-            isinstance(node, ast.Constant)
-            and isinstance(node.value, (int, float))
-            and not isinstance(node.value, bool)
-        ):
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            left, right = ev(node.left), ev(node.right)
-            if isinstance(node.op, ast.Pow) and (abs(right) > 64 or abs(left) > 1e6):
-                raise ValueError("exponent too large")
-            return float(_OPS[type(node.op)](left, right))
-        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-            return float(_OPS[type(node.op)](ev(node.operand)))
-        raise ValueError(f"unsupported expression element {type(node).__name__}")
-
-    cleaned = (
-        expr.replace(",", "")
-        .replace("x", "*")
-        .replace("×", "*")
-        .replace("÷", "/")
-        .replace("^", "**")
-    )
-    if len(cleaned) > 200:
-        raise ValueError("expression too long")
-    return ev(ast.parse(cleaned.strip(), mode="eval"))
-
-
-def format_number(v: float) -> str:
-    if v != v or v in (float("inf"), float("-inf")):
-        return "error"
-    return str(round(v)) if abs(v - round(v)) < 1e-9 else f"{v:.6g}"
-
-
-# A calculator call in an action: the in-process environment's and trainer.ors's
-CALC_CALL = re.compile(r"<calc>([^<]{0,200})</calc>")
+# A calculator call in an action: the in-process environment's and trainer.ors's (a longer
+# one is no call: the calculator would refuse it)
+CALC_CALL = re.compile(rf"<calc>([^<]{{0,{MAX_LENGTH}}})</calc>")
 
 
 class CalculatorEnv:
-    """GSM8K with a calculator tool: ``<calc>12*7</calc>`` -> ``<result>84</result>``."""
+    """GSM8K with a calculator tool: ``<calc>12*7</calc>`` -> ``<result>84</result>``, in
+    ``arbiter.calculator``'s grammar (the environments service's ``calculate`` answers alike)."""
 
     stop_strings: tuple[str, ...] = ("</calc>",)
     _CALC = CALC_CALL
@@ -125,18 +74,9 @@ class CalculatorEnv:
         calls = self._CALC.findall(action)
         if eos or not calls:
             return Step(observation="", done=True)
-        try:
-            value = format_number(safe_eval(calls[-1]))
-        except (
-            ValueError,
-            SyntaxError,
-            ZeroDivisionError,
-            OverflowError,
-            TypeError,
-            RecursionError,
-        ):
-            value = "error"
-        return Step(f"<result>{value}</result>", False, tool_call=True, tool_error=value == "error")
+        calc = calculate(calls[-1])
+        error = calc.error is not None
+        return Step(f"<result>{calc.text}</result>", False, tool_call=True, tool_error=error)
 
 
 class CalculatorOffEnv(CalculatorEnv):

@@ -2,8 +2,8 @@
 
 - ``math``: ``submit(answer)``, the whole final response, scored by the ``gsm8k`` recipe
   (math_accuracy 1.0 + format 0.5), as ``/v1/score`` would score it.
-- ``calculator``: ``calculate(expression)``, arithmetic by the graders' formula evaluator
-  (``services/graders/expression.py``: a walk over the AST, never ``eval``); ``submit(answer)``
+- ``calculator``: ``calculate(expression)``, arithmetic by ``arbiter.calculator`` (the
+  trainer's in-process calculator's grammar and rendering, so both answer alike); ``submit(answer)``
   as math (a bare number earns math_accuracy's 1.0; the <think>/<answer> layout format's 0.5).
 - ``python``: ``run(code)`` in the sandbox (``cells.py``), ``submit(answer)`` as calculator.
 - ``code``: ``run_tests(code)`` against the task's visible tests, ``submit(code)`` scored by
@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
+from arbiter import calculator
 from arbiter.proto.common import ArbiterModel
 from arbiter.proto.components import ScoreGroup
 from arbiter.proto.envs import CodeTask, MathTask, TextBlock, ToolOutput, ToolSpec
@@ -33,7 +34,6 @@ from arbiter.services.envs.rewards import Judged, Rewards
 from arbiter.services.envs.settings import EnvsSettings
 from arbiter.services.envs.tasks import TaskSet
 from arbiter.services.gateway.recipes import ResolvedRecipe, resolve
-from arbiter.services.graders.expression import FormulaError, evaluate, parse
 
 MAX_ANSWER = 20_000
 MAX_CODE = 50_000
@@ -44,11 +44,9 @@ class Answer(ArbiterModel):
 
 
 class Expression(ArbiterModel):
+    # no min_length: an empty expression is the calculator's error to show, as in process
     expression: str = Field(
-        min_length=1,
-        max_length=500,
-        description="Arithmetic: numbers, + - * / ^, parentheses, and min, max, abs, "
-        "floor, ceil, exp, sqrt, log.",
+        max_length=calculator.MAX_LENGTH, description=f"Arithmetic: {calculator.SUMMARY}."
     )
 
 
@@ -183,12 +181,9 @@ class Calculator(MathWithTool):
     how = " While thinking you may call calculate(expression) for arithmetic."
 
     async def use(self, args: Any, cells_: list[str], team: str) -> Step:
-        try:
-            value = evaluate(parse(args.expression, frozenset()), {})
-        except FormulaError as exc:
-            return Step(ToolOutput(blocks=text(f"error: {exc}"), metadata={"error": str(exc)}))
-        shown = str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
-        return Step(ToolOutput(blocks=text(shown), metadata={"value": value}))
+        calc = calculator.calculate(args.expression)
+        metadata = {"value": calc.value} if calc.error is None else {"error": calc.error}
+        return Step(ToolOutput(blocks=text(calc.text), metadata=metadata))
 
 
 class Python(MathWithTool):

@@ -1,11 +1,11 @@
-"""The calculator environment and its arithmetic evaluator."""
+"""The calculator environment (its grammar: ``tests/arbiter/test_calculator.py``)."""
 
 from __future__ import annotations
 
 import pytest
 
 from arbiter.trainer.data import Problem, reference_of
-from arbiter.trainer.env import CalculatorEnv, safe_eval
+from arbiter.trainer.env import CalculatorEnv
 
 PROBLEM = Problem(id="p", question="What is 12 times 7?", reference="84")
 
@@ -17,12 +17,17 @@ PROBLEM = Problem(id="p", question="What is 12 times 7?", reference="84")
         ("<think>12 times 7 is <calc>12*7</calc>", False, "<result>84</result>", False),
         # GSM8K-style operators and thousands separators
         ("<calc>1,000 x 3 ÷ 4</calc>", False, "<result>750</result>", False),
-        # non-integer results keep 6 significant digits
-        ("<calc>2/3</calc>", False, "<result>0.666667</result>", False),
-        # anything but arithmetic is an error result, not an exception
-        ("<calc>__import__('os')</calc>", False, "<result>error</result>", False),
-        ("<calc>1/0</calc>", False, "<result>error</result>", False),
-        ("<calc>9**999999</calc>", False, "<result>error</result>", False),
+        # non-integer results keep 10 significant digits
+        ("<calc>2/3</calc>", False, "<result>0.6666666667</result>", False),
+        # anything but arithmetic is an error result with its reason, not an exception
+        (
+            "<calc>__import__('os')</calc>",
+            False,
+            "<result>error: unexpected character '_'</result>",
+            False,
+        ),
+        ("<calc>1/0</calc>", False, "<result>error: division by zero</result>", False),
+        ("<calc>9**999999</calc>", False, "<result>error: number too large</result>", False),
         # EOS or no tool call: the episode is over
         ("<think>84</think><answer>84</answer>", True, "", True),
         ("no call here", False, "", True),
@@ -33,13 +38,6 @@ def test_calculator_step(action: str, eos: bool, observation: str, done: bool) -
     assert "<calc>" in env.reset(PROBLEM) and PROBLEM.question in env.reset(PROBLEM)
     step = env.step(action, eos=eos)
     assert (step.observation, step.done) == (observation, done)
-
-
-def test_safe_eval() -> None:
-    assert safe_eval("(3 + 4) * 2 - 1") == 13
-    assert safe_eval("-2 ** 3") == -8
-    with pytest.raises(ValueError):
-        safe_eval("abs(-3)")
 
 
 @pytest.mark.parametrize(

@@ -100,7 +100,7 @@ def test_a_trajectory_is_exactly_the_sampled_tokens_and_the_observations(
     stop = chars(tok, "<calc>12*7</calc>")
     assert canon(tok, tok.decode(stop)) != stop  # re-tokenising would change these ids
     r84, r89 = canon(tok, "<result>84</result>"), canon(tok, "<result>89</result>")
-    err, r2 = canon(tok, "<result>error</result>"), canon(tok, "<result>2</result>")
+    err, r2 = canon(tok, "<result>error: does not parse</result>"), canon(tok, "<result>2</result>")
     s = rows
     want = [
         # (ids, loss mask): the sampled turns cut after </calc>, each result tokenised alone

@@ -14,6 +14,7 @@ from arbiter.proto.components import ScoreGroup
 from arbiter.trainer.data import Problem
 from arbiter.trainer.env import CalculatorEnv
 from arbiter.trainer.ors import OrsEnvironments, episode_rewards
+from tests.arbiter.calculator_cases import CASES
 from tests.services.gateway.envs_stack import EnvsStack, envs_stack
 
 __all__ = ["envs_stack"]  # the fixture, imported for pytest
@@ -103,6 +104,23 @@ def test_a_bad_expression_is_the_policys_observation(ors: OrsEnvironments) -> No
     step = batch.step({0: ("<calc>import os</calc>", False)})[0]
     assert step.tool_call and step.tool_error and not step.done
     assert step.observation.startswith("<result>error")
+    batch.rewards().result(timeout=60)
+
+
+def test_the_service_calculator_shows_what_the_in_process_one_shows(ors: OrsEnvironments) -> None:
+    """Every row of the calculator's table, one episode each, through the gateway and the
+    environments service: byte for byte the in-process observation (one grammar, one rendering)."""
+    actions = {
+        i: (f"<think><calc>{expression}</calc>", False)
+        for i, (expression, _, _) in enumerate(CASES)
+    }
+    batch = ors.batch()
+    batch.reset(problems(len(CASES)))
+    steps = batch.step(actions)
+    local = {i: CalculatorEnv().step(a, eos=eos) for i, (a, eos) in actions.items()}
+    for i, (expression, shown, why) in enumerate(CASES):
+        assert steps[i] == local[i], (expression, why)
+        assert steps[i].observation == f"<result>{shown}</result>", (expression, why)
     batch.rewards().result(timeout=60)
 
 

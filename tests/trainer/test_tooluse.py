@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from arbiter.calculator import evaluate
 from arbiter.trainer import tooluse
 from arbiter.trainer.data import Problem, load_problems, render_prompt
-from arbiter.trainer.env import CalculatorEnv, safe_eval
+from arbiter.trainer.env import CalculatorEnv
 from arbiter.trainer.sft import _examples
 
 
@@ -30,8 +31,8 @@ def test_problems_and_references(data: Path) -> None:
     rng = random.Random(1)
     for _ in range(200):
         p = tooluse.make_problem(rng)
-        assert safe_eval(p.expression) == p.answer  # one expression computes the answer
-        assert all(safe_eval(op) == v for op, v in p.ops)
+        assert evaluate(p.expression) == p.answer  # one expression computes the answer
+        assert all(evaluate(op) == v for op, v in p.ops)
         assert p.answer >= 100  # beyond a head for small sums
 
 
