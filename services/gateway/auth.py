@@ -12,8 +12,12 @@ Without a keys file every caller is ``arbiter.keys.OPEN`` (team ``anonymous``, n
 
 ``KeyStore`` re-reads the file when its modification time, size or inode changes (checked
 at most every ``GATEWAY_KEYS_RELOAD_S``; a Kubernetes Secret volume swaps a symlink, which
-changes the inode): new keys work and revoked ones stop working without a restart. A file
-that does not load (bad YAML, another secret) is logged and the previous keys stay.
+changes the inode): new keys work and revoked ones stop working without a restart. A
+well-formed key the loaded keys do not know checks the file again before it is refused, so a
+key works the moment ``arbiter keys create`` has written it, not a reload period later. That
+check costs one ``stat``; each version of the file is loaded at most once, so a flood of
+unknown keys cannot make the gateway parse the file again and again. A file that does not
+load (bad YAML, another secret) is logged and the previous keys stay.
 
 ``arbiter_gateway_team_requests_total{team, route, status}`` counts every ``/v1/*`` answer
 by team (``unauthenticated`` for a 401). No key, whole or in part, is ever logged or a
@@ -38,7 +42,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from arbiter.errors import Unauthorized
-from arbiter.keys import OPEN, KeyIndex, Principal, load, secret_check
+from arbiter.keys import OPEN, KeyIndex, Principal, key_id, load, secret_check
 from arbiter.services.common.app import StatusRecorder, error_response
 from arbiter.services.common.limits import BODY_METHODS
 
@@ -79,6 +83,7 @@ class KeyStore:
         self._stamp = self._stat()
         self._index = self._load()
         self._next_check = time.monotonic() + reload_s
+        self._failed: tuple[int, int, int] | None = None  # the version that did not load
 
     def _stat(self) -> tuple[int, int, int] | None:
         try:
@@ -104,14 +109,23 @@ class KeyStore:
         now = time.monotonic()
         if now >= self._next_check:
             self._next_check = now + self.reload_s
-            stamp = self._stat()
-            if stamp is not None and stamp != self._stamp:
-                try:
-                    self._index = self._load()
-                    self._stamp = stamp
-                except ValueError as exc:
-                    log.error("%s; keeping the previous keys", exc)
+            self._refresh()
         return self._index
+
+    def _refresh(self) -> bool:
+        """Load the file if it changed since the version loaded (or last failed to load);
+        whether new keys were loaded."""
+        stamp = self._stat()
+        if stamp is None or stamp in (self._stamp, self._failed):
+            return False
+        try:
+            self._index = self._load()
+        except ValueError as exc:
+            self._failed = stamp
+            log.error("%s; keeping the previous keys", exc)
+            return False
+        self._stamp = stamp
+        return True
 
     def verify(self, authorization: str | None) -> Principal:
         if not authorization:
@@ -131,6 +145,8 @@ class KeyStore:
                 code="invalid_authorization",
             )
         principal = self.index().verify(key)
+        if principal is None and key_id(key) is not None and self._refresh():
+            principal = self._index.verify(key)  # written since the last check
         if principal is None:
             raise Unauthorized("unknown or revoked API key", code="invalid_api_key")
         return principal

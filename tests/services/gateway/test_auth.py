@@ -12,10 +12,21 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from arbiter.keys import revoke
+from arbiter.errors import Unauthorized
+from arbiter.keys import KeysFile, load, revoke
+from arbiter.services.gateway import auth
+from arbiter.services.gateway.auth import KeyStore
 from arbiter.services.gateway.settings import GatewaySettings
 from tests.conftest import start_service
-from tests.services.gateway.teams import Keys, groups, post, start_gateway, usage, wait_for
+from tests.services.gateway.teams import (
+    SECRET,
+    Keys,
+    groups,
+    post,
+    start_gateway,
+    usage,
+    wait_for,
+)
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +155,42 @@ def test_a_bad_keys_file_keeps_the_previous_keys(gateway: Any, keys: Keys) -> No
         assert post(gateway.url, _body(), keys.headers("alpha")).status_code == 200
     finally:
         keys.path.write_text(good)
+
+
+def test_a_key_works_as_soon_as_it_is_written(tmp_path: Path) -> None:
+    # issue 47: a key added to the file was refused for up to a reload period (a fresh-clone
+    # CI run got 401 for a key its test had just added); an unknown key re-checks the file
+    keys = Keys(tmp_path / "keys.yaml")
+    keys.add("alpha", "alpha")
+    store = KeyStore(keys.path, SECRET, reload_s=3600)  # no periodic reload in this test
+    new = keys.add("delta", "delta")
+    assert store.verify(f"Bearer {new}").team == "delta"
+
+
+def test_unknown_keys_load_each_version_of_the_file_at_most_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = Keys(tmp_path / "keys.yaml")
+    keys.add("alpha", "alpha")
+    store = KeyStore(keys.path, SECRET, reload_s=3600)
+    loads: list[Path] = []
+
+    def counted(path: Path) -> KeysFile:
+        loads.append(path)
+        return load(path)
+
+    monkeypatch.setattr(auth, "load", counted)
+    unknown = "Bearer arb_000000000000_" + "0" * 48
+    for _ in range(100):  # the file unchanged: a stat each, no load
+        with pytest.raises(Unauthorized):
+            store.verify(unknown)
+    assert loads == []
+    keys.path.write_text("keys: [this is not a key record]\n")
+    for _ in range(100):  # a broken version: loaded once, the previous keys stay
+        with pytest.raises(Unauthorized):
+            store.verify(unknown)
+    assert len(loads) == 1
+    assert store.verify(f"Bearer {keys.keys['alpha']}").team == "alpha"
 
 
 def test_team_label_on_metrics_and_no_key_anywhere(gateway: Any, keys: Keys) -> None:
