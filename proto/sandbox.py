@@ -1,7 +1,12 @@
-"""Sandbox service: ``POST /v1/code_tests`` and ``POST /v1/python_grader``.
+"""Sandbox service: ``POST /v1/code_tests`` and ``POST /v1/python_grader``, and live Python
+interpreters (``/v1/sessions``).
 
-Both take the uniform ``ComponentRequest`` and answer ``ComponentResponse``; these are
-their params. Every program runs in a bubblewrap sandbox (docs/services/sandbox.md).
+The two components take the uniform ``ComponentRequest`` and answer ``ComponentResponse``;
+these are their params. A session is a live interpreter in a sandbox of its own, for one
+episode's tool (the envs service's ``python``): ``POST /v1/sessions`` opens one
+(``OpenSession`` -> ``SessionInfo``), ``POST /v1/sessions/{id}/run`` runs a cell in it
+(``RunCell`` -> ``CellResult``), ``DELETE /v1/sessions/{id}`` closes it. Every program runs
+in a bubblewrap sandbox (docs/services/sandbox.md).
 
 ``code_tests`` reads the tests from each group's ``reference``, in one of three shapes:
 
@@ -27,6 +32,7 @@ from arbiter.proto.limits import MAX_WEIGHT
 
 MAX_GRADER_SOURCE_CHARS = 65_536
 MAX_TEST_TIMEOUT_S = 60.0
+MAX_CELL_CHARS = 100_000
 IDENTIFIER = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 
 
@@ -111,6 +117,65 @@ class PythonGraderParams(ArbiterModel):
 
 def _defines_grade(node: Any) -> bool:
     return isinstance(node, ast.FunctionDef) and node.name == "grade"
+
+
+class OpenSession(ArbiterModel):
+    timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=MAX_TEST_TIMEOUT_S,
+        description="CPU seconds each cell may use, in whole seconds rounded up (the "
+        "service's SANDBOX_TEST_TIMEOUT_S caps it). At it the cell gets KeyboardInterrupt "
+        "(its variables stay); a second later the interpreter is killed.",
+    )
+
+
+class SessionInfo(ArbiterModel):
+    id: str = Field(description="The session's id, for its run and close calls.")
+    replica: str | None = Field(
+        default=None,
+        description="Where this session lives: the base URL of the replica that holds it "
+        "(its SANDBOX_SESSION_URL), to send its calls to; null: the URL it was opened at.",
+    )
+    timeout_s: float = Field(description="CPU seconds each cell may use, as applied.")
+    idle_timeout_s: float = Field(
+        description="A session without a cell for this long is closed (its interpreter "
+        "gone; its id then answers 404 session_not_found)."
+    )
+
+
+class SessionClosed(ArbiterModel):
+    id: str
+    closed: Literal[True] = True
+
+
+class RunCell(ArbiterModel):
+    code: str = Field(max_length=MAX_CELL_CHARS, description="Python source: one cell.")
+
+
+CellStatus = Literal[
+    "ok",  # the cell ran to its end
+    "error",  # it raised: the traceback is in stderr; the session's variables stay
+    "interrupted",  # stopped at its CPU time or the wall clock (message); variables stay
+    "restarted",  # the interpreter ended (message says why): the next cell starts a fresh one
+]
+
+
+class CellResult(ArbiterModel):
+    status: CellStatus
+    stdout: str = Field(
+        description="What the cell printed, as text (UTF-8, invalid bytes replaced), at most "
+        "SANDBOX_SESSION_OUTPUT_BYTES."
+    )
+    stderr: str = Field(description="Its stderr (a traceback), likewise.")
+    stdout_omitted: int = Field(ge=0, description="Bytes of stdout past the limit, not shown.")
+    stderr_omitted: int = Field(ge=0, description="Bytes of stderr past the limit, not shown.")
+    cpu_ms: float = Field(
+        ge=0,
+        description="CPU time the session's processes used since the last cell's answer: "
+        "this cell's, and that of processes earlier cells left running.",
+    )
+    message: str = Field(default="", description="Why it was interrupted or restarted.")
 
 
 CodeTestsRequest = ComponentRequest[CodeTestsParams]

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from arbiter.services.common.app import create_service_app
 from arbiter.services.sandbox.routes import router
 from arbiter.services.sandbox.scoring import Runner
+from arbiter.services.sandbox.sessions import Sessions
 from arbiter.services.sandbox.settings import SandboxSettings, get_settings
 
 log = logging.getLogger("arbiter.sandbox")
@@ -24,6 +25,9 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
         runner = Runner(settings)
         await runner.start()  # one sandbox started and checked: a broken setup stops here
         app.state.runner = runner
+        sessions = Sessions(settings, runner.pool, runner.slots)  # live Python interpreters
+        await sessions.start()
+        app.state.sessions = sessions
         log.info(
             "sandbox ready: %d workers, %s, %d MB a sandbox (%d MB a grader's), %g s per item",
             settings.workers,
@@ -35,6 +39,7 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            await sessions.close()
             await runner.close()
 
     async def ready(app: FastAPI) -> dict[str, str]:
@@ -46,7 +51,8 @@ def create_app(settings: SandboxSettings | None = None) -> FastAPI:
     return create_service_app(
         service="sandbox",
         title="Arbiter sandbox",
-        description="code_tests and python_grader: untrusted code under bubblewrap.",
+        description="code_tests, python_grader and live Python interpreters: untrusted "
+        "code under bubblewrap.",
         router=router,
         lifespan=lifespan,
         ready=ready,

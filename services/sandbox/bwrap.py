@@ -19,7 +19,17 @@ from arbiter.services.sandbox.settings import SandboxSettings
 
 INJAIL = Path(__file__).parent / "injail"  # the code that runs inside: standard library only
 # its modules, in this order: each uses those before
-PARTS = ("harness", "zygote", "wire", "checker", "candidate", "checking", "runners")
+PARTS = (
+    "harness",
+    "zygote",
+    "wire",
+    "checker",
+    "candidate",
+    "checking",
+    "repl",
+    "session",
+    "runners",
+)
 
 
 def _one_program() -> str:

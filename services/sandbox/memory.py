@@ -10,7 +10,7 @@ without delegation), so the limit is an accounting that holds on every host:
         + HARNESS_MB                 the job's PID 1 (the job, the children's pipes)
         + slots x process_mb         every other process of the job (RLIMIT_AS each)
 
-    slots = processes + 1 for Python tests (the checker), processes for stdio and graders
+    slots = processes + 1 for Python tests (the checker), processes for the others
     RLIMIT_NPROC = processes + ANCESTORS[kind]
 
 RLIMIT_AS bounds what a process can map, so its resident memory too. RLIMIT_NPROC is
@@ -37,7 +37,7 @@ SERVICE_MB = 2048
 HARNESS_MB = 256  # the job's PID 1: the job's head (stdio inputs), output buffers, results
 MIN_PROCESS_MB = 64  # the interpreter forked with the harness maps ~25 MB before any code
 # the processes of a sandbox's user namespace that are not the program's, by the job's kind
-ANCESTORS = {"tests": 4, "stdio": 3, "grader": 3}
+ANCESTORS = {"tests": 4, "stdio": 3, "grader": 3, "session": 3}
 
 
 def slots(kind: str, processes: int) -> int:

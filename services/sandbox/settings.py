@@ -6,8 +6,9 @@ import os
 import shutil
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from arbiter.services.common.settings import ServiceSettings
@@ -128,6 +129,72 @@ class SandboxSettings(ServiceSettings):
         "services on the same host.",
     )
 
+    session_max: int = Field(
+        default=64,
+        ge=0,
+        le=100_000,
+        description="Live Python interpreters (sessions: the envs service's python tool) at "
+        "once, all teams together; past it, opening one is 503 sessions_full (retryable). "
+        "0: none are opened.",
+    )
+    session_per_team: int = Field(
+        default=16,
+        ge=1,
+        le=100_000,
+        description="Live interpreters of one team at once; past it, opening another is 429 "
+        "session_limit for that team alone (retryable, once one of its sessions is closed or "
+        "reaped).",
+    )
+    session_idle_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=24 * 3600,
+        description="A session without a cell this long is closed (its interpreter and every "
+        "process it left are killed; its id then answers 404 session_not_found).",
+    )
+    session_memory_mb: int = Field(
+        default=1024,
+        ge=256,
+        le=1 << 20,
+        description="Memory of one session's sandbox: its processes together and its /tmp, "
+        "shared out as memory_mb is: each process gets RLIMIT_AS (session_memory_mb - tmp_mb "
+        "- 256) / session_max_processes, 176 MB by default.",
+    )
+    session_max_processes: int = Field(
+        default=4,
+        ge=2,
+        le=1024,
+        description="Processes (and threads) of a session at once (RLIMIT_NPROC): its "
+        "interpreter takes two while a cell starts (one forks the next), what its cells "
+        "start takes the rest.",
+    )
+    session_output_bytes: int = Field(
+        default=16384,
+        ge=256,
+        le=1 << 20,
+        description="Bytes of stdout, and of stderr, a cell's answer holds; past it the "
+        "rest is counted (stdout_omitted, stderr_omitted), not sent.",
+    )
+    session_url: str | None = Field(
+        default=None,
+        description="This replica's own base URL, sent with each session it opens so that "
+        "the session's calls reach the replica holding it behind a load balancer "
+        "(Kubernetes: http://$(POD_IP):8004). Unset: callers use the URL they opened it at "
+        "(one replica, or sticky routing).",
+    )
+
+    @field_validator("session_url", mode="before")
+    @classmethod
+    def _session_url(cls, value: Any) -> Any:
+        if value is None or (isinstance(value, str) and not value.strip()):
+            return None
+        if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+            raise ValueError(
+                f"{value!r} is not an http(s) URL; set e.g. "
+                "SANDBOX_SESSION_URL=http://10.0.3.7:8004 (this replica's own address)"
+            )
+        return value.rstrip("/")
+
     @model_validator(mode="after")
     def _check(self) -> SandboxSettings:
         if shutil.which(self.bwrap) is None:
@@ -140,9 +207,11 @@ class SandboxSettings(ServiceSettings):
                 f"SANDBOX_PYTHON={self.python!r} not found: point it at a python3 interpreter"
             )
         graders = ("SANDBOX_GRADER_MEMORY_MB", self.grader_memory_mb, "grader")
+        sessions = ("SANDBOX_SESSION_MEMORY_MB", self.session_memory_mb, "session")
         for name, total, kind, processes in (
             ("SANDBOX_MEMORY_MB", self.memory_mb, "tests", self.max_processes),
             (*graders, self.grader_max_processes),
+            (*sessions, self.session_max_processes),
         ):
             each = memory.process_mb(total, self.tmp_mb, kind, processes)
             if each < memory.MIN_PROCESS_MB:

@@ -32,6 +32,8 @@ PORTS: dict[str, int] = {name: default_port(name) for name in SERVICES}
 # Variables a service container may carry that are not its settings: the Hugging Face
 # libraries read these themselves.
 LIBRARY_ENV = frozenset({"HF_HUB_OFFLINE", "HF_HOME", "HF_TOKEN", "TRANSFORMERS_OFFLINE"})
+# Kubernetes' downward API, read by a setting's value (the sandbox's SANDBOX_SESSION_URL)
+LIBRARY_ENV |= {"POD_IP"}
 
 URL_RE = re.compile(r"https?://(?:127\.0\.0\.1|localhost):(\d+)(/[\w/.-]*)")
 

@@ -12,6 +12,7 @@ as every job's processes are forks of a zygote that imported all of it
 
 The parts: ``harness`` (each job's plumbing: children, pipes, limits, the answer),
 ``zygote`` (the sandbox's first process, one job at a time), ``runners`` (what each kind of
-job does), and for Python tests ``checking`` (the job seen from its PID 1), ``checker``
-(runs the tests), ``candidate`` (runs the program) and ``wire`` (the values between them).
+job does), for Python tests ``checking`` (the job seen from its PID 1), ``checker``
+(runs the tests), ``candidate`` (runs the program) and ``wire`` (the values between them),
+and for a live interpreter ``session`` (its PID 1) and ``repl`` (the interpreter).
 """

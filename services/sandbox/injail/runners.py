@@ -1,4 +1,4 @@
-"""The sandbox's three kinds of job, run by the harness (``harness.py``) as PID 1.
+"""The sandbox's four kinds of job, run by the harness (``harness.py``) as PID 1.
 
 The sandbox gets this file after the others of ``bwrap.PARTS`` as one program (``bwrap.py``
 drops the imports of those, which are only for tools and tests); it runs with the same few
@@ -11,6 +11,8 @@ standard-library modules.
   back for the service to compare (the expected outputs are not in the job).
 - ``grader``: one child runs ``source`` and ``grade(sample, item)``; the result comes back
   on the pipe and must be a finite number.
+- ``session``: a live interpreter, one cell at a time, until the service closes the
+  session's socket (``session.py``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from arbiter.services.sandbox.injail.harness import (  # one program in the sand
     sweep,
     with_exit,
 )
+from arbiter.services.sandbox.injail.session import run_session  # dropped there too
 from arbiter.services.sandbox.injail.zygote import serve  # dropped there too
 
 
@@ -208,7 +211,7 @@ def run_grader(job, budget):
 
 # ------------------------------------------------------------------ main
 
-KINDS = {"tests": run_tests, "stdio": run_stdio, "grader": run_grader}
+KINDS = {"tests": run_tests, "stdio": run_stdio, "grader": run_grader, "session": run_session}
 
 
 def answer_job(job):

@@ -4,7 +4,8 @@ Started ahead of need (``bwrap --as-pid-1 … python3 -I -S -c <boot>``: the int
 reads the code object of ``harness.py``, this file and the rest of ``bwrap.PARTS``,
 compiled once by the service, from its stdin), it says ``{"ready": true}`` on stdout and
 then serves jobs, one at a time, for as long as the service keeps it. Each job arrives as a
-file descriptor on its stdin (a unix socket, ``SCM_RIGHTS``) holding the marshalled job,
+file descriptor on its stdin (a unix socket, ``SCM_RIGHTS``) holding the marshalled job
+(a session's job with a second one: its socket to the service, ``session.py``),
 never as bytes the zygote reads, so no job passes through its memory (which every later job
 inherits). For each job it forks a process that makes fresh mount, PID, IPC and network
 namespaces (loopback up), mounts a fresh empty ``/tmp`` tmpfs (bytes and inodes bounded)
@@ -52,19 +53,22 @@ def serve(answer_job):
     write_all(b'{"ready": true}\n')
     while True:
         try:
-            data, fds, _, _ = socket.recv_fds(control, 64, 1)
+            data, fds, _, _ = socket.recv_fds(control, 64, 2)
         except OSError:
             os._exit(1)
         if not data:
             os._exit(0)
         tmp = data.decode("ascii", "replace").encode()  # the tmpfs options, "size=…,nr_inodes=…"
-        if len(fds) != 1:
+        if len(fds) not in (1, 2):
+            for fd in fds:
+                os.close(fd)
             write_all(b"#exit 255\n")
             continue
         pid = os.fork()
         if pid == 0:
-            job_process(libc, control, fds[0], tmp, answer_job)
-        os.close(fds[0])
+            job_process(libc, control, fds[0], tmp, answer_job, fds[1:])
+        for fd in fds:
+            os.close(fd)
         status = os.waitpid(pid, 0)[1]
         if os.WIFSIGNALED(status):  # nothing of a job can signal it: the sandbox is not sound
             os._exit(1)
@@ -76,8 +80,9 @@ def serve(answer_job):
         write_all(b"#exit %d\n" % os.waitstatus_to_exitcode(status))
 
 
-def job_process(libc, control, job_fd, tmp, answer_job):
-    """Fresh namespaces and /tmp, then the job's PID 1; exits as it does. Never returns."""
+def job_process(libc, control, job_fd, tmp, answer_job, channel=()):
+    """Fresh namespaces and /tmp, then the job's PID 1; exits as it does. Never returns.
+    ``channel``: a session's socket to the service (``session.py``), PID 1's alone."""
     os.close(control.detach())
     os.open("/dev/null", os.O_RDONLY)  # fd 0 again: the children's pipes never take it
     try:
@@ -107,6 +112,8 @@ def job_process(libc, control, job_fd, tmp, answer_job):
             drop_capabilities(libc)
             os.chdir("/tmp")  # the fresh one: the zygote's cwd is the /tmp beneath it
             job = read_job(job_fd)  # the service's own bytes, without the tests
+            if channel:
+                job["channel"] = channel[0]
             # its own memory bounded too (harness_mb); its children lower theirs to process_mb
             limits = job["limits"]
             own, each = limits["harness_mb"] << 20, limits["process_mb"] << 20
@@ -116,7 +123,8 @@ def job_process(libc, control, job_fd, tmp, answer_job):
             code = 0
         finally:
             os._exit(code)
-    os.close(job_fd)
+    for fd in (job_fd, *channel):  # the service sees the channel end when PID 1 does
+        os.close(fd)
     os._exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) & 0xFF)
 
 

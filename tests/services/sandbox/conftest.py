@@ -1,5 +1,6 @@
 """Sandbox test fixtures: a real ``arbiter serve sandbox`` with a secret in its environment
-and a secret file beside it, and helpers to post component requests to it.
+and a secret file beside it, and helpers to post component requests to it; another with
+small session limits (``sessions``) and a client for its live interpreters.
 
 The secret is what a hostile program must not reach: it is in the service's environment
 (as the gateway's key secret would be in a shared host's) and in a file any local user
@@ -18,6 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
+from arbiter.procs import ManagedProcess
+from arbiter.proto.common import TEAM_HEADER
 from tests.conftest import start_service
 
 PROBLEMS = Path(__file__).parent / "problems" / "problems.jsonl"
@@ -73,3 +76,59 @@ def problems(shape: str | None = None) -> list[dict[str, Any]]:
 
 def group(reference: str, *responses: str, prompt: str = "", gid: str = "g") -> dict[str, Any]:
     return {"id": gid, "prompt": prompt, "reference": reference, "responses": list(responses)}
+
+
+# Live interpreters: 1 s of CPU a cell (SANDBOX_TEST_TIMEOUT_S caps it; 11 s of wall clock),
+# three a team, six in all, closed after 4 s without a cell.
+SESSION_ENV = {
+    **ENV,
+    "SANDBOX_WORKERS": "2",
+    "SANDBOX_SPARE": "0",
+    "SANDBOX_SESSION_PER_TEAM": "3",
+    "SANDBOX_SESSION_MAX": "6",
+    "SANDBOX_SESSION_IDLE_S": "4",
+    "SANDBOX_SESSION_OUTPUT_BYTES": "1024",
+}
+
+
+@dataclass(frozen=True)
+class Sessions:
+    """The sessions API of a sandbox service, as the envs service calls it."""
+
+    url: str
+    proc: ManagedProcess
+
+    def open(self, team: str, timeout_s: float = 1.0) -> httpx.Response:
+        body = {"timeout_s": timeout_s}
+        return httpx.post(f"{self.url}/v1/sessions", json=body, headers=_team(team), timeout=60)
+
+    def opened(self, team: str) -> str:
+        r = self.open(team)
+        assert r.status_code == 200, r.text
+        session_id: str = r.json()["id"]
+        return session_id
+
+    def run(self, team: str, session_id: str, code: str) -> httpx.Response:
+        url = f"{self.url}/v1/sessions/{session_id}/run"
+        return httpx.post(url, json={"code": code}, headers=_team(team), timeout=120)
+
+    def cell(self, team: str, session_id: str, code: str) -> dict[str, Any]:
+        r = self.run(team, session_id, code)
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        return body
+
+    def close(self, team: str, session_id: str) -> httpx.Response:
+        url = f"{self.url}/v1/sessions/{session_id}"
+        return httpx.delete(url, headers=_team(team), timeout=60)
+
+
+def _team(team: str) -> dict[str, str]:
+    return {TEAM_HEADER: team}
+
+
+@pytest.fixture(scope="session")
+def sessions(log_dir: Path) -> Iterator[Sessions]:
+    proc, url = start_service("sandbox", log_dir, SESSION_ENV)
+    yield Sessions(url, proc)
+    proc.stop()
