@@ -28,6 +28,7 @@ import secrets
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import redis.asyncio as redis
 
@@ -116,7 +117,7 @@ class Calls:
 
         async def finish() -> Outcome:
             outcome = await run
-            fields = {"state": outcome.state, "answer": outcome.answer()}
+            fields: dict[Any, str] = {"state": outcome.state, "answer": outcome.answer()}
             fields["usage"] = outcome.usage.model_dump_json()
             try:
                 async with self.redis.pipeline(transaction=True) as pipe:
@@ -140,7 +141,7 @@ class Calls:
         async with asyncio.timeout(self.timeout_s + LINGER_S):
             while True:
                 async with redis_errors():
-                    found = await self.redis.hgetall(k)
+                    found = cast(dict[str, str], await self.redis.hgetall(k))
                 state = found.get("state")
                 if state is None:  # gone: its process died before it finished
                     raise Timeout(

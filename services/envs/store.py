@@ -111,6 +111,21 @@ class Store:
         state = json.loads(found["state"])
         return Episode(**state, version=found.get("version", "0"))
 
+    async def load_many(self, team: str, sids: list[str]) -> list[Episode | NotFound]:
+        """``load`` of many episodes in one round trip (a batch's); a missing one's 404 in
+        its place."""
+        async with redis_errors(), self.redis.pipeline(transaction=False) as pipe:
+            for sid in sids:
+                pipe.hgetall(key(team, sid))
+                pipe.expire(key(team, sid), self.ttl_s)
+            found = (await pipe.execute())[::2]
+        return [
+            Episode(**json.loads(f["state"]), version=f.get("version", "0"))
+            if f and "state" in f
+            else not_found(sid)
+            for sid, f in zip(sids, found, strict=True)
+        ]
+
     async def save(self, team: str, sid: str, episode: Episode) -> None:
         async with redis_errors():
             done = await self._save(
@@ -134,6 +149,11 @@ class Store:
         async with redis_errors():
             await self.redis.delete(key(team, sid))
 
+    async def delete_many(self, team: str, sids: list[str]) -> int:
+        """``delete`` of many episodes in one command: how many were open."""
+        async with redis_errors():
+            return int(await self.redis.delete(*(key(team, sid) for sid in sids)))
+
 
 class redis_errors:
     """Redis failing: 503, retryable (the episode is still there once Redis is back)."""
@@ -141,7 +161,6 @@ class redis_errors:
     async def __aenter__(self) -> None:
         return None
 
-    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
         if isinstance(exc, RedisError | OSError):
             raise Unavailable(f"episode state unavailable ({type(exc).__name__})") from exc
-        return False

@@ -56,20 +56,27 @@ TEAM_REQUESTS = Counter(
 )
 
 UNAUTHENTICATED = "unauthenticated"
-# The API's paths; the ORS discovery routes among them that take no body need no key (the
-# ORS spec; ors.py). The task routes take a body: no body is read without a key.
-API_PREFIXES = ("/v1/", "/ors/", "/nemo-gym/")
+# The API's paths behind a key; ORS's routes are at the root (ors.py) and under /ors/.
+KEYED_PREFIXES = ("/v1/", "/nemo-gym/")
+# The gateway's own paths outside the API: health, metrics, the API docs.
+OWN_PREFIXES = ("/healthz", "/readyz", "/metrics", "/docs", "/redoc", "/openapi.json", "/static/")
+# ORS's discovery routes that take no body need no key (the ORS spec): /health,
+# /list_environments, and an environment's /tools and /splits (bare too, as the openreward
+# SDK sends them). The task routes take a body: no body is read without a key.
 ORS_OPEN = frozenset({"health", "list_environments"})
 ORS_OPEN_PER_ENV = frozenset({"tools", "splits"})
 
 
 def needs_key(path: str) -> bool:
-    """Whether ``path`` is an API path behind a key (the ORS discovery routes are not)."""
-    if not path.startswith("/ors/"):
-        return path.startswith(API_PREFIXES)
-    rest = path.removeprefix("/ors/").split("/")
+    """Whether ``path`` is behind a key: the API's, ORS's at the root or under ``/ors/``
+    but for their open discovery, and any other path (answered 404 only to a key)."""
+    if path.startswith(KEYED_PREFIXES):
+        return True
+    if path == "/" or path.startswith(OWN_PREFIXES):
+        return False
+    rest = path.removeprefix("/ors").lstrip("/").split("/")
     if len(rest) == 1:
-        return rest[0] not in ORS_OPEN
+        return rest[0] not in ORS_OPEN | ORS_OPEN_PER_ENV
     return not (len(rest) == 2 and rest[1] in ORS_OPEN_PER_ENV)
 
 

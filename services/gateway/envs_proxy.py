@@ -35,23 +35,28 @@ import json
 import logging
 import re
 from collections import Counter as Tally
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import AsyncExitStack
 from urllib.parse import quote
 
 import aiohttp
 from prometheus_client import Counter
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from arbiter.errors import (
+    ArbiterError,
     BadResponse,
     NotConfigured,
     NotFound,
     RateLimited,
     Timeout,
     Unavailable,
+    from_response,
+    to_envelope,
 )
 from arbiter.keys import Principal
 from arbiter.proto.common import TEAM_HEADER
+from arbiter.proto.envs import DEPLOYMENT_HEADER, ERROR_COMMENT, USAGE_COMMENT
 from arbiter.services.common.throttle import ThrottledLog
 from arbiter.services.gateway.envs_quota import EnvsQuota
 from arbiter.services.gateway.idempotency import REPLAYED, Claim, Replay, check_key
@@ -62,14 +67,14 @@ from arbiter.services.gateway.teams import Teams
 log = logging.getLogger("arbiter.gateway.envs")
 FAILURES_LOG = ThrottledLog(log)
 
-USAGE_HEADER = "X-Arbiter-Usage"
 SESSION_HEADER = "X-Session-ID"
 MAX_ANSWER_BYTES = 16 * 1024 * 1024  # an episode's answers are small; past this, a fault
 # Headers of the caller's request the envs service needs, and of its answer the caller gets.
-REQUEST_HEADERS = ("content-type", "accept", SESSION_HEADER.lower(), "last-event-id")
+REQUEST_HEADERS = ("content-type", "accept", SESSION_HEADER.lower(), DEPLOYMENT_HEADER.lower())
 ANSWER_HEADERS = ("content-type", "cache-control", SESSION_HEADER.lower())
 NO_TYPE = ("Content-Type",)  # a bodiless POST goes without one (aiohttp's default: bytes)
-TOOL_CALL = re.compile(r"[^/]+/call")
+TOOL_CALL = re.compile(r"([^/]+/)?call")  # /{env}/call, or the bare /call (openreward)
+USAGE_LINE = USAGE_COMMENT.encode()
 
 ENVS_CALLS = Counter(
     "arbiter_gateway_envs_calls_total",
@@ -97,16 +102,14 @@ def is_tool_call(method: str, path: str) -> bool:
     return method == "POST" and TOOL_CALL.fullmatch(path) is not None
 
 
-def read_usage(value: str | None) -> tuple[int, int]:
-    """(tool calls, sandbox CPU ms) of the envs service's ``X-Arbiter-Usage``; (0, 0) for
-    none or one that is not the contract (logged: the call is not charged twice)."""
-    if not value:
-        return 0, 0
+def read_usage(value: str) -> tuple[int, int]:
+    """(tool calls, sandbox CPU ms) of the envs service's ``: arbiter-usage`` comment; (0, 0)
+    for one that is not the contract (logged: the call is not charged twice)."""
     try:
         doc = json.loads(value)
         calls, cpu = int(doc.get("tool_calls", 0)), int(doc.get("sandbox_cpu_ms", 0))
     except (ValueError, TypeError, AttributeError):
-        FAILURES_LOG.warning("usage", "envs: %s is not the contract: %.200r", USAGE_HEADER, value)
+        FAILURES_LOG.warning("usage", "envs: %s is not the contract: %.200r", USAGE_COMMENT, value)
         return 0, 0
     return max(0, calls), max(0, cpu)
 
@@ -143,8 +146,12 @@ class EnvsProxy:
         body: bytes,
         headers: Mapping[str, str],
         idempotency_key: str | None = None,
+        *,
+        stream: bool = False,
     ) -> Response:
-        """The envs service's answer to ``method /path`` (see the module docstring)."""
+        """The envs service's answer to ``method /path`` (see the module docstring). A tool
+        call is relayed as its stream comes (``stream``, the ORS routes) or answered whole,
+        a call that did not answer raised as the error it was (NeMo Gym's routes)."""
         if self.url is None:
             raise NotConfigured(
                 "environments are not configured on this gateway: set GATEWAY_ENVS_URL "
@@ -154,8 +161,7 @@ class EnvsProxy:
         path = envs_path(path)
         sent = {k: v for k, v in headers.items() if k.lower() in REQUEST_HEADERS}
         if who is None:
-            answer, _ = await self._send("discovery", method, path, body, sent, None)
-            return answer
+            return await self._send("discovery", method, path, body, sent, None)
         sent[TEAM_HEADER] = who.team
         idem = self.teams.idempotency
         claim: Claim | None = None
@@ -169,9 +175,11 @@ class EnvsProxy:
                 await self._record(who, Tally(idempotent_replays=1))
                 return _replayed(found.body)
             claim = found
+        if is_tool_call(method, path):
+            return await self._tool_call(who, path, body, sent, claim, stream)
         ok = False
         try:
-            answer = await self._settled(who, method, path, body, sent)
+            answer = await self._other(who, method, path, body, sent)
             ok = answer.status_code == 200
             if claim is not None and idem is not None and ok:
                 await idem.finish(claim, _stored(answer))
@@ -180,35 +188,150 @@ class EnvsProxy:
                 await asyncio.shield(idem.release(claim))
         return answer
 
-    async def _settled(
+    async def _other(
         self, who: Principal, method: str, path: str, body: bytes, sent: dict[str, str]
     ) -> Response:
-        tool = is_tool_call(method, path)
-        # an episode opened takes a call too: it holds up to a few hundred KB of task in
-        # the state Redis (noeviction) for its TTL, so opening them must be bounded
-        metered = tool or (method == "POST" and path == "create")
-        team = who.team
-        if metered and self.quota is not None:
-            try:
-                await self.quota.take(team)
-            except RateLimited:
-                await self._record(who, Tally(rate_limited=1))
-                raise
-        kept = False  # the call taken is kept: the tool ran, or the episode was opened
+        """A call that is not a tool call. An episode opened takes a call from the quota:
+        it holds up to a few hundred KB of task in the state Redis (noeviction) for its
+        TTL, so opening them must be bounded; it is given back unless answered 200."""
+        metered = method == "POST" and path == "create"
+        if metered:
+            await self._take(who)
+        answer = None
         try:
-            kind = "tool" if tool else "other"
-            answer, usage = await self._send(kind, method, path, body, sent, team)
-            calls, cpu_ms = read_usage(usage)
-            ran = calls > 0 or cpu_ms > 0
-            kept = ran or (not tool and answer.status_code == 200)
-            if self.quota is not None:
-                await asyncio.shield(self.quota.charge(team, cpu_ms))
-            if ran:
-                await self._record(who, Tally(env_tool_calls=calls, sandbox_cpu_ms=cpu_ms))
+            answer = await self._send("other", method, path, body, sent, who.team)
             return answer
         finally:
-            if metered and not kept and self.quota is not None:
-                await asyncio.shield(self.quota.refund(team))
+            if metered and (answer is None or answer.status_code != 200):
+                await self._refund(who.team)
+
+    async def _tool_call(
+        self,
+        who: Principal,
+        path: str,
+        body: bytes,
+        sent: dict[str, str],
+        claim: Claim | None,
+        stream: bool,
+    ) -> Response:
+        """A tool call: one from the quota before it is sent; its stream relayed, settled
+        at its end (``_relay``). An answer before the stream (no such episode, bad input)
+        ran nothing: the call is given back."""
+        stack = AsyncExitStack()
+        try:
+            await self._take(who)
+            try:
+                resp = await self._open(stack, path, body, sent, who.team)
+            except BaseException:
+                await self._refund(who.team)
+                raise
+            if resp.status != 200:
+                answer = await self._answer(resp)
+                await stack.aclose()
+                await self._refund(who.team)
+                await self._release(claim)
+                return answer
+        except BaseException:
+            await asyncio.shield(stack.aclose())
+            await self._release(claim)
+            raise
+        headers = {k: v for k, v in resp.headers.items() if k.lower() in ANSWER_HEADERS}
+        relay = self._relay(resp, stack, who, claim)
+        if stream:
+            return StreamingResponse(relay, status_code=200, headers=headers)
+        whole = b"".join([part async for part in relay])
+        return _whole(whole, headers)
+
+    async def _relay(
+        self,
+        resp: aiohttp.ClientResponse,
+        stack: AsyncExitStack,
+        who: Principal,
+        claim: Claim | None,
+    ) -> AsyncIterator[bytes]:
+        """The call's SSE, block by block as the envs service sends it, less its usage
+        comment, which settles the call: its CPU charged, its call given back if nothing
+        ran. A stream cut short (the caller gone, the envs service down or past the
+        deadline) keeps the call taken and charges no CPU; an ORS client resumes it with
+        its ``task_id``, and that stream carries the cost."""
+        usage: tuple[int, int] | None = None
+        kept = [resp.headers.get("content-type", "text/event-stream").encode("latin-1") + b"\n"]
+        size, ended = 0, False
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
+        try:
+            block: list[bytes] = []
+            try:
+                while True:
+                    async with asyncio.timeout_at(deadline):
+                        line = await resp.content.readline()
+                    if not line:
+                        break
+                    block.append(line)
+                    size += len(line)
+                    if size > MAX_ANSWER_BYTES:
+                        raise BadResponse(f"the envs service sent more than {MAX_ANSWER_BYTES} B")
+                    if line.strip(b"\r\n"):
+                        continue
+                    data, block = b"".join(block), []
+                    if data.startswith(USAGE_LINE):
+                        usage = read_usage(data[len(USAGE_LINE) :].decode("utf-8", "replace"))
+                        continue
+                    ended = ended or data.startswith(b"event: end")
+                    kept.append(data)
+                    yield data
+            except TimeoutError:
+                ENVS_CALLS.labels("tool", "timeout").inc()
+                yield _error_comment(self._late())
+            except (aiohttp.ClientError, BadResponse) as exc:
+                ENVS_CALLS.labels("tool", "unavailable").inc()
+                FAILURES_LOG.warning("stream", "envs: a tool call's stream broke: %s", exc)
+                yield _error_comment(_unreachable(exc))
+        finally:
+            await asyncio.shield(self._settle(who, usage, claim, ended, kept, stack))
+
+    async def _settle(
+        self,
+        who: Principal,
+        usage: tuple[int, int] | None,
+        claim: Claim | None,
+        ended: bool,
+        kept: list[bytes],
+        stack: AsyncExitStack,
+    ) -> None:
+        await stack.aclose()
+        if usage is not None:
+            calls, cpu_ms = usage
+            if self.quota is not None:
+                await self.quota.charge(who.team, cpu_ms)
+            if calls > 0 or cpu_ms > 0:
+                await self._record(who, Tally(env_tool_calls=calls, sandbox_cpu_ms=cpu_ms))
+            else:  # a resend that re-attached, or a call that did not run
+                await self._refund(who.team)
+        idem = self.teams.idempotency
+        if claim is not None and idem is not None and ended:
+            await idem.finish(claim, b"".join(kept))  # its content type, a line, then the body
+        else:
+            await self._release(claim)
+
+    async def _open(
+        self, stack: AsyncExitStack, path: str, body: bytes, sent: dict[str, str], team: str
+    ) -> aiohttp.ClientResponse:
+        """The tool call's answer, its headers read (its body to come), within the team's
+        slot (held until ``stack`` closes); 503/504 when the envs service is not there."""
+        url = f"{self.url}/{path}"
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await stack.enter_async_context(self.slots.slot(team, object()))
+                return await stack.enter_async_context(
+                    self.session.request("POST", url, data=body or None, headers=sent)
+                )
+        except TimeoutError:
+            ENVS_CALLS.labels("tool", "timeout").inc()
+            raise self._late() from None
+        except aiohttp.ClientError as exc:
+            ENVS_CALLS.labels("tool", "unavailable").inc()
+            FAILURES_LOG.warning("connect", "envs: %s: %s", url, exc)
+            raise _unreachable(exc) from None
 
     async def _send(
         self,
@@ -218,8 +341,8 @@ class EnvsProxy:
         body: bytes,
         headers: dict[str, str],
         team: str | None,
-    ) -> tuple[Response, str | None]:
-        """(the answer to relay, its ``X-Arbiter-Usage``); raises 503/504/502."""
+    ) -> Response:
+        """The answer to relay, whole; raises 503/504/502."""
         url = f"{self.url}/{path}"
         try:
             async with (
@@ -229,28 +352,48 @@ class EnvsProxy:
                     method, url, data=body or None, headers=headers, skip_auto_headers=NO_TYPE
                 ) as resp,
             ):
-                content = await _read(resp)
-                status, answer_headers = resp.status, resp.headers
+                answer = await self._answer(resp)
         except TimeoutError:
             ENVS_CALLS.labels(kind, "timeout").inc()
-            raise Timeout(
-                f"the envs service did not answer within {self.timeout_s:g} s "
-                "(GATEWAY_ENVS_TIMEOUT_S); retry",
-                code="envs_timeout",
-            ) from None
+            raise self._late() from None
         except aiohttp.ClientError as exc:
             ENVS_CALLS.labels(kind, "unavailable").inc()
             FAILURES_LOG.warning("connect", "envs: %s: %s", url, exc)
-            raise Unavailable(
-                f"the envs service is unreachable ({type(exc).__name__}); retry",
-                code="envs_unavailable",
-            ) from None
-        ENVS_CALLS.labels(kind, str(status)).inc()
+            raise _unreachable(exc) from None
+        ENVS_CALLS.labels(kind, str(answer.status_code)).inc()
+        return answer
+
+    async def _answer(self, resp: aiohttp.ClientResponse) -> Response:
+        content = await _read(resp)
         if len(content) > MAX_ANSWER_BYTES:
             raise BadResponse(f"the envs service answered more than {MAX_ANSWER_BYTES} bytes")
-        relayed = {k: v for k, v in answer_headers.items() if k.lower() in ANSWER_HEADERS}
-        answer = Response(content, status_code=status, headers=relayed)
-        return answer, answer_headers.get(USAGE_HEADER)
+        relayed = {k: v for k, v in resp.headers.items() if k.lower() in ANSWER_HEADERS}
+        return Response(content, status_code=resp.status, headers=relayed)
+
+    def _late(self) -> Timeout:
+        return Timeout(
+            f"the envs service did not answer within {self.timeout_s:g} s "
+            "(GATEWAY_ENVS_TIMEOUT_S); retry",
+            code="envs_timeout",
+        )
+
+    async def _take(self, who: Principal) -> None:
+        if self.quota is None:
+            return
+        try:
+            await self.quota.take(who.team)
+        except RateLimited:
+            await self._record(who, Tally(rate_limited=1))
+            raise
+
+    async def _refund(self, team: str) -> None:
+        if self.quota is not None:
+            await asyncio.shield(self.quota.refund(team))
+
+    async def _release(self, claim: Claim | None) -> None:
+        idem = self.teams.idempotency
+        if claim is not None and idem is not None:
+            await asyncio.shield(idem.release(claim))
 
     async def _record(self, who: Principal, counts: Tally[str]) -> None:
         if self.teams.auth:
@@ -279,3 +422,28 @@ def _replayed(stored: bytes) -> Response:
     return Response(
         body, status_code=200, headers={"content-type": ctype.decode("latin-1"), REPLAYED: "true"}
     )
+
+
+def _unreachable(exc: BaseException) -> Unavailable:
+    return Unavailable(
+        f"the envs service is unreachable ({type(exc).__name__}); retry", code="envs_unavailable"
+    )
+
+
+def _error_comment(exc: ArbiterError) -> bytes:
+    """A failure of the relay itself, as the envs service reports one in its stream."""
+    status, body = to_envelope(exc)
+    return f"{ERROR_COMMENT}{status} {body.model_dump_json()}\n\n".encode()
+
+
+def _whole(body: bytes, headers: Mapping[str, str]) -> Response:
+    """A tool call's stream, whole: as it is when it ended with its result; else the
+    error it reported (its ``: arbiter-error`` comment), raised."""
+    text = body.decode("utf-8", "replace")
+    if "\nevent: end\n" in f"\n{text}":
+        return Response(body, status_code=200, headers=dict(headers))
+    for line in text.splitlines():
+        if line.startswith(ERROR_COMMENT):
+            status, _, envelope = line.removeprefix(ERROR_COMMENT).partition(" ")
+            raise from_response(int(status), envelope)
+    raise Unavailable("the envs service's stream ended before its answer; retry")

@@ -1,9 +1,18 @@
-"""The public Open Reward Standard server: ``/ors/...``, the ORS HTTP API verbatim.
+"""The public Open Reward Standard server: the ORS HTTP API verbatim, at the gateway's root.
 
-An ORS client's base URL is ``http://gateway:8000/ors``. Every route is the ORS route of
-the same name, forwarded to the envs service (``envs_proxy.EnvsProxy``) and answered with
-its bytes: JSON, or for ``POST /{env_name}/call`` the ORS SSE body (``event: task_id``,
-``event: end`` with the ``ToolOutput``, or ``event: error``).
+ORS's clients (``ors-sdk``'s ``ORS(base_url=…)``, ``openreward``'s
+``environments.get(name=…, base_url=…)``) join their paths to the host of the base URL,
+dropping any path it has, so the routes are where they look: ``http://gateway:8000`` is an
+ORS client's base URL. They are served under ``/ors`` too (``http://gateway:8000/ors``,
+Arbiter's own clients and the first docs), the same routes, left out of the OpenAPI page.
+
+Every route is the ORS route of the same name, forwarded to the envs service
+(``envs_proxy.EnvsProxy``) and answered with its bytes: JSON, or for ``POST
+/{env_name}/call`` ORS's SSE stream (``task_id`` first, keep-alive comments while the tool
+runs, the ``RunToolOutput`` in ``chunk`` events, the last one ``end``), relayed as it comes.
+Each per-environment route is served bare as well (``/tools``, ``/call``…): the
+``openreward`` SDK sends those for an environment got without ``variant``, naming it in
+``X-Deployment``.
 
 As the ORS specification has it, discovery that takes no body (``/health``,
 ``/list_environments``, ``/{env_name}/tools``, ``/{env_name}/splits``) needs no key. The
@@ -18,10 +27,12 @@ on every POST, and a tool call is held to the team's environments quota
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
 from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from arbiter.proto.errors import ErrorResponse
 from arbiter.services.common.app import ERROR_RESPONSES
@@ -37,12 +48,10 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 
 SSE: dict[int | str, dict[str, Any]] = {
-    200: {"description": "The ORS SSE body", "content": {"text/event-stream": {}}}
+    200: {"description": "ORS's SSE stream", "content": {"text/event-stream": {}}}
 }
 OPEN_ERRORS = _errors(404, 422, 503, 504)
 KEYED_ERRORS = _errors(401, 403, 404, 409, 422, 429, 503, 504)
-
-router = APIRouter(prefix=PREFIX, tags=["environments (ORS)"], responses=ERROR_RESPONSES)
 _IDEMPOTENCY = Header(
     alias=HEADER,
     description="Any unique string per call, the same on its retries: a retry gets the "
@@ -50,104 +59,107 @@ _IDEMPOTENCY = Header(
 )
 IdempotencyDep = Annotated[str | None, _IDEMPOTENCY]
 
+# (method, route, summary, keyed): the routes that need no session
+OPEN_ROUTES = (
+    ("GET", "/health", "ORS: the envs service is up", False),
+    ("GET", "/list_environments", "ORS: the environments served here", False),
+    ("POST", "/create_session", "ORS: a new session id", True),
+    ("POST", "/create", "ORS: start an episode (X-Session-ID) on a task", True),
+    ("POST", "/delete", "ORS: end an episode (X-Session-ID)", True),
+    ("POST", "/delete_session", "ORS: forget a session id", True),
+    ("POST", "/ping", "ORS: keep an episode alive", True),
+)
+# ... and those of one environment: /{env_name}/<route>, or bare with X-Deployment
+ENV_ROUTES = (
+    ("GET", "tools", "ORS: an environment's tools", False),
+    ("GET", "splits", "ORS: an environment's splits", False),
+    ("POST", "tasks", "ORS: the tasks of a split", False),
+    ("POST", "num_tasks", "ORS SDK: how many tasks a split has", False),
+    ("POST", "task", "ORS SDK: one task by index", False),
+    ("POST", "task_range", "ORS SDK: the tasks of an index range", False),
+    ("GET", "prompt", "ORS: the episode's prompt blocks", True),
+    ("GET", "task_tools", "ORS: the episode's tools", True),
+    ("POST", "call", "ORS: call a tool; the ToolOutput (reward, finished) as SSE", True),
+)
 
-async def _open(request: Request, path: str) -> Response:
+
+async def _forward(request: Request, path: str, keyed: bool, key: str | None) -> Response:
     proxy: EnvsProxy = request.app.state.envs
     body = await request.body()
-    return await proxy.forward(None, request.method, path, body, request.headers)
+    who = principal(request) if keyed else None
+    return await proxy.forward(who, request.method, path, body, request.headers, key, stream=True)
 
 
-async def _keyed(request: Request, path: str, key: str | None = None) -> Response:
-    proxy: EnvsProxy = request.app.state.envs
-    body = await request.body()
-    who = principal(request)
-    return await proxy.forward(who, request.method, path, body, request.headers, key)
+Handler = Callable[..., Awaitable[Response]]
 
 
-@router.get("/health", summary="ORS: the envs service is up", responses=OPEN_ERRORS)
-async def health(request: Request) -> Response:
-    return await _open(request, "health")
+def _handler(route: str, keyed: bool) -> Handler:
+    if route.startswith("/"):
+
+        async def handle(request: Request, key: IdempotencyDep = None) -> Response:
+            return await _forward(request, route.lstrip("/"), keyed, key)
+
+        return handle
+
+    async def handle_env(env_name: str, request: Request, key: IdempotencyDep = None) -> Response:
+        return await _forward(request, f"{env_name}/{route}", keyed, key)
+
+    return handle_env
 
 
-@router.get(
-    "/list_environments", summary="ORS: the environments served here", responses=OPEN_ERRORS
-)
-async def list_environments(request: Request) -> Response:
-    return await _open(request, "list_environments")
+def _bare(route: str, keyed: bool) -> Handler:
+    async def handle(request: Request, key: IdempotencyDep = None) -> Response:
+        return await _forward(request, route, keyed, key)
+
+    return handle
 
 
-@router.get("/{env_name}/tools", summary="ORS: an environment's tools", responses=OPEN_ERRORS)
-async def tools(env_name: str, request: Request) -> Response:
-    return await _open(request, f"{env_name}/tools")
+def build_router(prefix: str, in_schema: bool) -> APIRouter:
+    """The ORS routes under ``prefix`` ("" for the root)."""
+    router = APIRouter(
+        prefix=prefix,
+        tags=["environments (ORS)"],
+        responses=ERROR_RESPONSES,
+        include_in_schema=in_schema,
+    )
+    for method, route, summary, keyed in OPEN_ROUTES:
+        errors = KEYED_ERRORS if keyed else OPEN_ERRORS
+        router.add_api_route(
+            route, _handler(route, keyed), methods=[method], summary=summary, responses=errors
+        )
+    for method, route, summary, keyed in ENV_ROUTES:
+        errors = {**(SSE if route == "call" else {}), **(KEYED_ERRORS if keyed else OPEN_ERRORS)}
+        router.add_api_route(
+            f"/{{env_name}}/{route}",
+            _handler(route, keyed),
+            methods=[method],
+            summary=summary,
+            responses=errors,
+        )
+        router.add_api_route(
+            f"/{route}",
+            _bare(route, keyed),
+            methods=[method],
+            summary=f"{summary} (X-Deployment names the environment)",
+            responses=errors,
+        )
+    return router
 
 
-@router.get("/{env_name}/splits", summary="ORS: an environment's splits", responses=OPEN_ERRORS)
-async def splits(env_name: str, request: Request) -> Response:
-    return await _open(request, f"{env_name}/splits")
+# The root's routes go last (app.py): the gateway's own paths are matched first.
+router = build_router("", in_schema=True)
+prefixed_router = build_router(PREFIX, in_schema=False)
 
 
-@router.post("/{env_name}/tasks", summary="ORS: the tasks of a split", responses=OPEN_ERRORS)
-async def tasks(env_name: str, request: Request) -> Response:
-    return await _open(request, f"{env_name}/tasks")
+class OneLeadingSlash:
+    """``//ping`` is ``/ping``: the openreward SDK pings ``f"{base_url}/ping"``, which
+    doubles the slash when the base URL ends with one."""
 
+    def __init__(self, app: ASGIApp):
+        self.app = app
 
-@router.post(
-    "/{env_name}/num_tasks", summary="ORS SDK: how many tasks a split has", responses=OPEN_ERRORS
-)
-async def num_tasks(env_name: str, request: Request) -> Response:
-    return await _open(request, f"{env_name}/num_tasks")
-
-
-@router.post("/{env_name}/task", summary="ORS SDK: one task by index", responses=OPEN_ERRORS)
-async def task(env_name: str, request: Request) -> Response:
-    return await _open(request, f"{env_name}/task")
-
-
-@router.post(
-    "/{env_name}/task_range", summary="ORS SDK: the tasks of an index range", responses=OPEN_ERRORS
-)
-async def task_range(env_name: str, request: Request) -> Response:
-    return await _open(request, f"{env_name}/task_range")
-
-
-@router.post("/create_session", summary="ORS: a new session id", responses=KEYED_ERRORS)
-async def create_session(request: Request, key: IdempotencyDep = None) -> Response:
-    return await _keyed(request, "create_session", key)
-
-
-@router.post(
-    "/create", summary="ORS: start an episode (X-Session-ID) on a task", responses=KEYED_ERRORS
-)
-async def create(request: Request, key: IdempotencyDep = None) -> Response:
-    return await _keyed(request, "create", key)
-
-
-@router.post("/delete", summary="ORS: end an episode (X-Session-ID)", responses=KEYED_ERRORS)
-async def delete(request: Request, key: IdempotencyDep = None) -> Response:
-    return await _keyed(request, "delete", key)
-
-
-@router.post("/delete_session", summary="ORS: forget a session id", responses=KEYED_ERRORS)
-async def delete_session(request: Request, key: IdempotencyDep = None) -> Response:
-    return await _keyed(request, "delete_session", key)
-
-
-@router.post("/ping", summary="ORS: keep an episode alive", responses=KEYED_ERRORS)
-async def ping(request: Request, key: IdempotencyDep = None) -> Response:
-    return await _keyed(request, "ping", key)
-
-
-@router.get(
-    "/{env_name}/prompt", summary="ORS: the episode's prompt blocks", responses=KEYED_ERRORS
-)
-async def prompt(env_name: str, request: Request) -> Response:
-    return await _keyed(request, f"{env_name}/prompt")
-
-
-@router.post(
-    "/{env_name}/call",
-    summary="ORS: call a tool; the ToolOutput (reward, finished) as an SSE body",
-    responses={**SSE, **KEYED_ERRORS},
-)
-async def call(env_name: str, request: Request, key: IdempotencyDep = None) -> Response:
-    return await _keyed(request, f"{env_name}/call", key)
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "")
+        if scope["type"] == "http" and path.startswith("//"):
+            scope = {**scope, "path": "/" + path.lstrip("/"), "raw_path": None}
+        await self.app(scope, receive, send)

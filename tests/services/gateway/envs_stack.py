@@ -26,7 +26,7 @@ from tests.services.gateway.teams import Keys, start_gateway
 
 @dataclass
 class EnvsStack:
-    gateway: str  # base URL; the ORS server is at gateway + "/ors"
+    gateway: str  # base URL: the ORS server's (its routes are at the root, and under /ors)
     envs: str  # the envs service itself (internal)
     verify: str
     redis: str
@@ -45,11 +45,12 @@ class EnvsStack:
             proc.stop()
 
 
-@pytest.fixture(scope="module")
-def envs_stack(
-    log_dir: Path, verify_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+@contextlib.contextmanager
+def running_envs_stack(
+    log_dir: Path, verify_url: str, redis_url: str, keys_path: Path, **envs_env: str
 ) -> Iterator[EnvsStack]:
-    keys = Keys(tmp_path_factory.mktemp("envs-keys") / "keys.yaml")
+    """A sandbox, an envs service (with settings ``envs_env``) and a keyed gateway in front."""
+    keys = Keys(keys_path)
     keys.add("alpha", "alpha")
     keys.add("beta", "beta")
     keys.add("admin", "ops", admin=True)
@@ -61,6 +62,7 @@ def envs_stack(
             "ENVS_STATE_REDIS_URL": redis_url,
             "ENVS_VERIFY_URL": verify_url,
             "ENVS_SANDBOX_URL": sandbox_url,
+            **envs_env,
         },
     )
     gw, gw_url = start_gateway(log_dir, verify_url, redis_url, keys, GATEWAY_ENVS_URL=envs_url)
@@ -70,6 +72,15 @@ def envs_stack(
         gw.stop()
         envs.stop()
         sandbox.stop()
+
+
+@pytest.fixture(scope="module")
+def envs_stack(
+    log_dir: Path, verify_url: str, redis_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[EnvsStack]:
+    keys = tmp_path_factory.mktemp("envs-keys") / "keys.yaml"
+    with running_envs_stack(log_dir, verify_url, redis_url, keys) as stack:
+        yield stack
 
 
 def first_task(stack: EnvsStack, env: str, split: str = "test") -> dict[str, Any]:
