@@ -8,20 +8,23 @@ routes, which need no key and carry no team) and, in this order:
    with the key (the same path, ``X-Session-ID`` and body) is answered again, byte for
    byte, with its content type (``Idempotent-Replayed: true``; not forwarded, not counted
    again); a new key is claimed.
-2. quota (``envs_quota.py``): a tool call (``POST /{env}/call``) or an episode opened
-   (``POST /create``) takes one from the team's tool-call bucket, and passes only while
-   its sandbox-CPU bucket is above zero (429).
+2. quota (``envs_quota.py``): a tool call (``POST /{env}/call``, or the bare ``/call``)
+   or an episode opened (``POST /create``) takes one from the team's tool-call bucket, and
+   passes only while its sandbox-CPU bucket is above zero (429).
 3. the call goes to ``GATEWAY_ENVS_URL`` with the team in ``X-Arbiter-Team`` (the envs
    service keeps each team's sessions apart by it) within the team's fair share of
    ``GATEWAY_MAX_CONCURRENCY`` slots (``slots.TeamSlots``) and ``GATEWAY_ENVS_TIMEOUT_S``.
-   Its answer is relayed byte for byte (status, content type, body: the ORS SSE body of a
-   tool call is small and complete once the tool has run).
-4. settlement: the sandbox CPU the envs service reports in ``X-Arbiter-Usage`` (JSON,
-   ``{"tool_calls": 1, "sandbox_cpu_ms": N}``; never relayed) is charged to the quota and
-   recorded in the usage ledger (``env_tool_calls``, ``sandbox_cpu_ms``); a tool call that
-   did not run (the service was unreachable, or refused it), or a ``/create`` not answered
-   200, gets its call back; a 200 answer is stored for its key, any other releases the key
-   so a retry runs afresh.
+   Its answer is relayed: JSON whole; a tool call's SSE stream as it comes
+   (``envs_relay.relay``: ``task_id`` first, keep-alives, the result), or whole for a
+   caller that wants it so (NeMo Gym's routes).
+4. settlement, when a tool call's stream ends: the sandbox CPU the envs service reports in
+   its ``: arbiter-usage`` comment (never relayed) is charged to the quota and recorded in
+   the usage ledger (``env_tool_calls``, ``sandbox_cpu_ms``); a call that ran nothing (the
+   envs service refused it before its stream, or the stream re-attached to a run already
+   reported) gets its call back; a stream cut short keeps its call and charges no CPU (its
+   run is charged on the stream that delivers its answer). A ``/create`` not answered 200
+   gets its call back. A complete answer is stored for its key; any other releases the
+   key so a retry runs afresh.
 
 The envs service unreachable is 503 ``envs_unavailable`` and past the deadline 504: both
 retryable, never a reward of 0. Its own answers (404 for another team's session, 422
@@ -31,57 +34,46 @@ naming a field, 503 when the sandbox is down) are relayed as they are.
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
+import functools
 import re
 from collections import Counter as Tally
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 from urllib.parse import quote
 
 import aiohttp
-from prometheus_client import Counter
 from starlette.responses import Response, StreamingResponse
 
 from arbiter.errors import (
-    ArbiterError,
     BadResponse,
     NotConfigured,
     NotFound,
     RateLimited,
-    Timeout,
-    Unavailable,
-    from_response,
-    to_envelope,
 )
 from arbiter.keys import Principal
 from arbiter.proto.common import TEAM_HEADER
-from arbiter.proto.envs import DEPLOYMENT_HEADER, ERROR_COMMENT, USAGE_COMMENT
-from arbiter.services.common.throttle import ThrottledLog
+from arbiter.proto.envs import DEPLOYMENT_HEADER
 from arbiter.services.gateway.envs_quota import EnvsQuota
+from arbiter.services.gateway.envs_relay import (
+    ENVS_CALLS,
+    FAILURES_LOG,
+    MAX_ANSWER_BYTES,
+    late,
+    relay,
+    unreachable,
+    whole,
+)
 from arbiter.services.gateway.idempotency import REPLAYED, Claim, Replay, check_key
 from arbiter.services.gateway.settings import GatewaySettings
 from arbiter.services.gateway.slots import TeamSlots
 from arbiter.services.gateway.teams import Teams
 
-log = logging.getLogger("arbiter.gateway.envs")
-FAILURES_LOG = ThrottledLog(log)
-
 SESSION_HEADER = "X-Session-ID"
-MAX_ANSWER_BYTES = 16 * 1024 * 1024  # an episode's answers are small; past this, a fault
 # Headers of the caller's request the envs service needs, and of its answer the caller gets.
 REQUEST_HEADERS = ("content-type", "accept", SESSION_HEADER.lower(), DEPLOYMENT_HEADER.lower())
 ANSWER_HEADERS = ("content-type", "cache-control", SESSION_HEADER.lower())
 NO_TYPE = ("Content-Type",)  # a bodiless POST goes without one (aiohttp's default: bytes)
 TOOL_CALL = re.compile(r"([^/]+/)?call")  # /{env}/call, or the bare /call (openreward)
-USAGE_LINE = USAGE_COMMENT.encode()
-
-ENVS_CALLS = Counter(
-    "arbiter_gateway_envs_calls_total",
-    "Calls forwarded to the envs service, by kind (tool, other, discovery) and outcome "
-    "(the envs service's HTTP status, or unavailable / timeout).",
-    ["kind", "outcome"],
-)
 
 
 def envs_path(path: str) -> str:
@@ -100,18 +92,6 @@ def envs_path(path: str) -> str:
 
 def is_tool_call(method: str, path: str) -> bool:
     return method == "POST" and TOOL_CALL.fullmatch(path) is not None
-
-
-def read_usage(value: str) -> tuple[int, int]:
-    """(tool calls, sandbox CPU ms) of the envs service's ``: arbiter-usage`` comment; (0, 0)
-    for one that is not the contract (logged: the call is not charged twice)."""
-    try:
-        doc = json.loads(value)
-        calls, cpu = int(doc.get("tool_calls", 0)), int(doc.get("sandbox_cpu_ms", 0))
-    except (ValueError, TypeError, AttributeError):
-        FAILURES_LOG.warning("usage", "envs: %s is not the contract: %.200r", USAGE_COMMENT, value)
-        return 0, 0
-    return max(0, calls), max(0, cpu)
 
 
 class EnvsProxy:
@@ -236,68 +216,24 @@ class EnvsProxy:
             await self._release(claim)
             raise
         headers = {k: v for k, v in resp.headers.items() if k.lower() in ANSWER_HEADERS}
-        relay = self._relay(resp, stack, who, claim)
+        settle = functools.partial(self._settle, who, claim, stack)
+        events = relay(resp, self.timeout_s, settle)
         if stream:
-            return StreamingResponse(relay, status_code=200, headers=headers)
-        whole = b"".join([part async for part in relay])
-        return _whole(whole, headers)
-
-    async def _relay(
-        self,
-        resp: aiohttp.ClientResponse,
-        stack: AsyncExitStack,
-        who: Principal,
-        claim: Claim | None,
-    ) -> AsyncIterator[bytes]:
-        """The call's SSE, block by block as the envs service sends it, less its usage
-        comment, which settles the call: its CPU charged, its call given back if nothing
-        ran. A stream cut short (the caller gone, the envs service down or past the
-        deadline) keeps the call taken and charges no CPU; an ORS client resumes it with
-        its ``task_id``, and that stream carries the cost."""
-        usage: tuple[int, int] | None = None
-        kept = [resp.headers.get("content-type", "text/event-stream").encode("latin-1") + b"\n"]
-        size, ended = 0, False
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
-        try:
-            block: list[bytes] = []
-            try:
-                while True:
-                    async with asyncio.timeout_at(deadline):
-                        line = await resp.content.readline()
-                    if not line:
-                        break
-                    block.append(line)
-                    size += len(line)
-                    if size > MAX_ANSWER_BYTES:
-                        raise BadResponse(f"the envs service sent more than {MAX_ANSWER_BYTES} B")
-                    if line.strip(b"\r\n"):
-                        continue
-                    data, block = b"".join(block), []
-                    if data.startswith(USAGE_LINE):
-                        usage = read_usage(data[len(USAGE_LINE) :].decode("utf-8", "replace"))
-                        continue
-                    ended = ended or data.startswith(b"event: end")
-                    kept.append(data)
-                    yield data
-            except TimeoutError:
-                ENVS_CALLS.labels("tool", "timeout").inc()
-                yield _error_comment(self._late())
-            except (aiohttp.ClientError, BadResponse) as exc:
-                ENVS_CALLS.labels("tool", "unavailable").inc()
-                FAILURES_LOG.warning("stream", "envs: a tool call's stream broke: %s", exc)
-                yield _error_comment(_unreachable(exc))
-        finally:
-            await asyncio.shield(self._settle(who, usage, claim, ended, kept, stack))
+            return StreamingResponse(events, status_code=200, headers=headers)
+        return whole(b"".join([part async for part in events]), headers)
 
     async def _settle(
         self,
         who: Principal,
-        usage: tuple[int, int] | None,
         claim: Claim | None,
-        ended: bool,
-        kept: list[bytes],
         stack: AsyncExitStack,
+        usage: tuple[int, int] | None,
+        kept: list[bytes] | None,
     ) -> None:
+        """A tool call's stream ended: its CPU charged, its call given back if nothing ran
+        (``usage`` None: cut short, the call kept, no CPU charged); its answer stored for
+        its ``Idempotency-Key`` (``kept``: its content type, then the stream) if it ended
+        with the result."""
         await stack.aclose()
         if usage is not None:
             calls, cpu_ms = usage
@@ -308,8 +244,8 @@ class EnvsProxy:
             else:  # a resend that re-attached, or a call that did not run
                 await self._refund(who.team)
         idem = self.teams.idempotency
-        if claim is not None and idem is not None and ended:
-            await idem.finish(claim, b"".join(kept))  # its content type, a line, then the body
+        if claim is not None and idem is not None and kept is not None:
+            await idem.finish(claim, b"".join(kept))
         else:
             await self._release(claim)
 
@@ -327,11 +263,11 @@ class EnvsProxy:
                 )
         except TimeoutError:
             ENVS_CALLS.labels("tool", "timeout").inc()
-            raise self._late() from None
+            raise late(self.timeout_s) from None
         except aiohttp.ClientError as exc:
             ENVS_CALLS.labels("tool", "unavailable").inc()
             FAILURES_LOG.warning("connect", "envs: %s: %s", url, exc)
-            raise _unreachable(exc) from None
+            raise unreachable(exc) from None
 
     async def _send(
         self,
@@ -355,11 +291,11 @@ class EnvsProxy:
                 answer = await self._answer(resp)
         except TimeoutError:
             ENVS_CALLS.labels(kind, "timeout").inc()
-            raise self._late() from None
+            raise late(self.timeout_s) from None
         except aiohttp.ClientError as exc:
             ENVS_CALLS.labels(kind, "unavailable").inc()
             FAILURES_LOG.warning("connect", "envs: %s: %s", url, exc)
-            raise _unreachable(exc) from None
+            raise unreachable(exc) from None
         ENVS_CALLS.labels(kind, str(answer.status_code)).inc()
         return answer
 
@@ -369,13 +305,6 @@ class EnvsProxy:
             raise BadResponse(f"the envs service answered more than {MAX_ANSWER_BYTES} bytes")
         relayed = {k: v for k, v in resp.headers.items() if k.lower() in ANSWER_HEADERS}
         return Response(content, status_code=resp.status, headers=relayed)
-
-    def _late(self) -> Timeout:
-        return Timeout(
-            f"the envs service did not answer within {self.timeout_s:g} s "
-            "(GATEWAY_ENVS_TIMEOUT_S); retry",
-            code="envs_timeout",
-        )
 
     async def _take(self, who: Principal) -> None:
         if self.quota is None:
@@ -422,28 +351,3 @@ def _replayed(stored: bytes) -> Response:
     return Response(
         body, status_code=200, headers={"content-type": ctype.decode("latin-1"), REPLAYED: "true"}
     )
-
-
-def _unreachable(exc: BaseException) -> Unavailable:
-    return Unavailable(
-        f"the envs service is unreachable ({type(exc).__name__}); retry", code="envs_unavailable"
-    )
-
-
-def _error_comment(exc: ArbiterError) -> bytes:
-    """A failure of the relay itself, as the envs service reports one in its stream."""
-    status, body = to_envelope(exc)
-    return f"{ERROR_COMMENT}{status} {body.model_dump_json()}\n\n".encode()
-
-
-def _whole(body: bytes, headers: Mapping[str, str]) -> Response:
-    """A tool call's stream, whole: as it is when it ended with its result; else the
-    error it reported (its ``: arbiter-error`` comment), raised."""
-    text = body.decode("utf-8", "replace")
-    if "\nevent: end\n" in f"\n{text}":
-        return Response(body, status_code=200, headers=dict(headers))
-    for line in text.splitlines():
-        if line.startswith(ERROR_COMMENT):
-            status, _, envelope = line.removeprefix(ERROR_COMMENT).partition(" ")
-            raise from_response(int(status), envelope)
-    raise Unavailable("the envs service's stream ended before its answer; retry")
