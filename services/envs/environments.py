@@ -5,18 +5,22 @@
 - ``calculator``: ``calculate(expression)``, arithmetic by ``arbiter.calculator`` (the
   trainer's in-process calculator's grammar and rendering, so both answer alike); ``submit(answer)``
   as math (a bare number earns math_accuracy's 1.0; the <think>/<answer> layout format's 0.5).
-- ``python``: ``run(code)`` in the sandbox (``cells.py``), ``submit(answer)`` as calculator.
+- ``python``: ``run(code)`` in the episode's live interpreter in the sandbox
+  (``interpreters.py``), ``submit(answer)`` as calculator.
 - ``code``: ``run_tests(code)`` against the task's visible tests, ``submit(code)`` scored by
   the ``code`` recipe (code_tests, the share passed) on the hidden ones.
 
-A call returns a ``Step``: the ORS ``ToolOutput`` and the sandbox CPU it cost. A submit ends
-the episode. Bad tool input is the policy's: an ORS ``RunToolError`` (``input_validation``)
-naming the field, never an HTTP error.
+A call returns a ``Step``: the ORS ``ToolOutput``, the sandbox CPU it cost, and what the
+environment keeps in the episode for its next call (``tool_state``: python's interpreter
+handle). A submit ends the episode. Bad tool input is the policy's: an ORS
+``RunToolError`` (``input_validation``) naming the field, never an HTTP error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -29,7 +33,7 @@ from arbiter.proto.components import ScoreGroup
 from arbiter.proto.envs import CodeTask, MathTask, TextBlock, ToolOutput, ToolSpec
 from arbiter.proto.gateway import Recipe, RecipeComponent
 from arbiter.services.common.app import field_path
-from arbiter.services.envs import cells
+from arbiter.services.envs.interpreters import LOST, Handle, Interpreters, shown
 from arbiter.services.envs.rewards import Judged, Rewards
 from arbiter.services.envs.settings import EnvsSettings
 from arbiter.services.envs.tasks import TaskSet
@@ -74,7 +78,9 @@ class ToolInputError(Exception):
 class Step:
     output: ToolOutput
     cpu_ms: int = 0
-    new_cell: str | None = None  # python: the cell to keep in the episode
+    # what the episode keeps for the environment's next call (python: its interpreter's
+    # handle); None: as it was
+    tool_state: dict[str, str] | None = None
 
 
 def text(message: str) -> list[TextBlock]:
@@ -114,9 +120,12 @@ class Environment:
         raise NotImplementedError
 
     async def call(
-        self, tool: Tool, args: Any, task: dict[str, Any], cells_: list[str], team: str
+        self, tool: Tool, args: Any, task: dict[str, Any], tool_state: dict[str, str], team: str
     ) -> Step:
         raise NotImplementedError
+
+    async def close(self, tool_state: dict[str, str], team: str) -> None:
+        """The episode is deleted: let go of what its ``tool_state`` holds (best effort)."""
 
 
 SUBMIT = Tool("submit", "Submit your whole final response; this ends the episode.", Answer)
@@ -151,7 +160,7 @@ class Math(Environment):
         return Step(judged_output(j, f"Submitted; {verdict}."))
 
     async def call(
-        self, tool: Tool, args: Any, task: dict[str, Any], cells_: list[str], team: str
+        self, tool: Tool, args: Any, task: dict[str, Any], tool_state: dict[str, str], team: str
     ) -> Step:
         return await self.submit(args.answer, task, team)
 
@@ -161,13 +170,13 @@ class MathWithTool(Math):
     tool in ``how`` and runs it in ``use``."""
 
     async def call(
-        self, tool: Tool, args: Any, task: dict[str, Any], cells_: list[str], team: str
+        self, tool: Tool, args: Any, task: dict[str, Any], tool_state: dict[str, str], team: str
     ) -> Step:
         if tool.name == "submit":
             return await self.submit(args.answer, task, team)
-        return await self.use(args, cells_, team)
+        return await self.use(args, tool_state, team)
 
-    async def use(self, args: Any, cells_: list[str], team: str) -> Step:
+    async def use(self, args: Any, tool_state: dict[str, str], team: str) -> Step:
         raise NotImplementedError
 
 
@@ -180,7 +189,7 @@ class Calculator(MathWithTool):
     )
     how = " While thinking you may call calculate(expression) for arithmetic."
 
-    async def use(self, args: Any, cells_: list[str], team: str) -> Step:
+    async def use(self, args: Any, tool_state: dict[str, str], team: str) -> Step:
         calc = calculator.calculate(args.expression)
         metadata = {"value": calc.value} if calc.error is None else {"error": calc.error}
         return Step(ToolOutput(blocks=text(calc.text), metadata=metadata))
@@ -192,8 +201,8 @@ class Python(MathWithTool):
     tools = (
         Tool(
             "run",
-            "Run Python code; what it prints comes back. Variables persist across calls "
-            "(earlier code runs again first).",
+            "Run Python code in this episode's interpreter; what it prints comes back "
+            "(stdout, then stderr). Variables, imports and functions persist across calls.",
             Code,
         ),
         SUBMIT,
@@ -201,20 +210,38 @@ class Python(MathWithTool):
     needs_sandbox = True
     how = " While thinking you may call run(code) to run Python; print what you want to see."
 
-    async def use(self, args: Any, cells_: list[str], team: str) -> Step:
-        if len(cells_) >= self.settings.max_cells:
-            raise ToolInputError(
-                f"input.code: this episode has run {len(cells_)} cells, the most it may "
-                f"(ENVS_MAX_CELLS); submit an answer"
-            )
-        group = ScoreGroup(
-            reference=cells.reference(), responses=[cells.program([*cells_, args.code])]
+    def __init__(self, tasks: TaskSet, rewards: Rewards, settings: EnvsSettings):
+        super().__init__(tasks, rewards, settings)
+        assert settings.sandbox_url is not None  # offered only with a sandbox (serving.py)
+        self.interpreters = Interpreters(
+            rewards.client.session,
+            settings.sandbox_url,
+            settings.component_timeout_s,
+            settings.run_timeout_s,
         )
-        j = await self.rewards.score(run_recipe(self.settings.run_timeout_s), group, team)
-        shown, ran = cells.output(j.info.get("code_tests", {}))
-        return Step(
-            ToolOutput(blocks=text(shown)), cpu_ms=j.cpu_ms, new_cell=args.code if ran else None
-        )
+
+    async def use(self, args: Any, tool_state: dict[str, str], team: str) -> Step:
+        """The cell, once, in the episode's interpreter (opened at its first run); a lost
+        one is the observation ``LOST``, and the next run opens a fresh one."""
+        handle = Handle.of(tool_state)
+        opened = handle is None
+        if handle is None:
+            handle = await self.interpreters.open(team)
+        try:
+            cell = await self.interpreters.run(handle, team, args.code)
+        except BaseException:
+            if opened:  # the episode will not keep it: not one for the idle reaping to find
+                await asyncio.shield(self.interpreters.close(handle, team))
+            raise
+        if cell is None:
+            return Step(ToolOutput(blocks=text(LOST), metadata={"status": "lost"}), tool_state={})
+        output = ToolOutput(blocks=text(shown(cell)), metadata={"status": cell.status})
+        return Step(output, cpu_ms=math.ceil(cell.cpu_ms), tool_state=handle.dump())
+
+    async def close(self, tool_state: dict[str, str], team: str) -> None:
+        handle = Handle.of(tool_state)
+        if handle is not None:
+            await self.interpreters.close(handle, team)
 
 
 class CodeEnv(Environment):
@@ -235,7 +262,7 @@ class CodeEnv(Environment):
         )
 
     async def call(
-        self, tool: Tool, args: Any, task: dict[str, Any], cells_: list[str], team: str
+        self, tool: Tool, args: Any, task: dict[str, Any], tool_state: dict[str, str], team: str
     ) -> Step:
         tests = (
             task["tests"] if tool.name == "run_tests" else task.get("hidden_tests") or task["tests"]

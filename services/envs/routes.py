@@ -249,11 +249,11 @@ async def ping(envs: EnvsDep, team: TeamDep, sid: SidDep) -> JSONBody:
 
 @router.post("/delete", response_model=SessionId)
 async def delete(envs: EnvsDep, team: TeamDep, sid: SidDep) -> JSONBody:
-    await envs.store.delete(team, sid)
+    await envs.delete(team, sid)
     return JSONBody(SessionId(sid=sid))
 
 
 @router.post("/delete_session", response_model=SessionId)
 async def delete_session(envs: EnvsDep, team: TeamDep, sid: SidDep) -> JSONBody:
-    await envs.store.delete(team, sid)
+    await envs.delete(team, sid)
     return JSONBody(SessionId(sid=sid))

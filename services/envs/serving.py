@@ -135,6 +135,18 @@ class Envs:
             task = env.taskset.task(req.split, req.index)
         await self.store.create(team, sid, Episode(env=env.name, task=task))
 
+    async def delete(self, team: str, sid: str) -> None:
+        """Forget the episode, then let go of what its tools hold (python: its interpreter;
+        best effort: the sandbox reaps an idle one anyway)."""
+        try:
+            episode: Episode | None = await self.store.load(team, sid)
+        except NotFound:
+            episode = None
+        await self.store.delete(team, sid)
+        env = self.envs.get(episode.env) if episode is not None else None
+        if env is not None and episode is not None and episode.tool_state:
+            await env.close(episode.tool_state, team)
+
     async def prompt(self, team: str, sid: str, name: str) -> list[TextBlock]:
         episode = await self.store.load(team, sid)
         env = self._env_of(episode, name)
@@ -191,13 +203,13 @@ class Envs:
             return refused("the episode is finished (submit was called)", "episode_finished")
         try:
             args = env.args(tool, dict(call.input))
-            step = await env.call(tool, args, episode.task, episode.cells, team)
+            step = await env.call(tool, args, episode.task, episode.tool_state, team)
         except ToolInputError as exc:
             return refused(str(exc), "input_validation")
         episode.calls += 1
         episode.finished = step.output.finished
-        if step.new_cell is not None:
-            episode.cells.append(step.new_cell)
+        if step.tool_state is not None:
+            episode.tool_state = step.tool_state
         usage = Usage(tool_calls=1, sandbox_cpu_ms=step.cpu_ms)
         try:
             await self.store.save(team, sid, episode)

@@ -57,19 +57,12 @@ class EnvsSettings(ServiceSettings):
         description="A tool call's stream sends a keep-alive comment this often while its "
         "tool runs (ORS clients give a silent stream up after 30 s).",
     )
-    max_cells: int = Field(
-        default=32,
-        ge=1,
-        le=1024,
-        description="python: the most run() calls an episode may make (each re-runs the "
-        "earlier ones, so an episode's cost grows with the square of its cells).",
-    )
     run_timeout_s: float = Field(
         default=5.0,
         gt=0,
         le=60,
-        description="python and code: CPU seconds of one run() or run_tests() (all the "
-        "episode's cells together).",
+        description="python: CPU seconds of one run() (one cell, in the episode's live "
+        "interpreter); code: of each visible test of one run_tests().",
     )
     gsm8k_dir: Path | None = Field(
         default=None,

@@ -1,22 +1,23 @@
 """Episodes in Redis (the gateway's state Redis), per team, with an idle TTL.
 
 One hash per episode, ``arbiter:envs:{team}:{sid}``: ``state`` (JSON: environment, task,
-python cells, finished) and ``version``. The key holds the team, so a sid is found only
-under the team that created it: another team's sid is a 404, as an unknown one is. Every
-touch (create, prompt, call, ping) sets the key's expiry to ``ENVS_SESSION_TTL_S``: an
-episode nobody touches that long is gone. Nothing lives in the process, so a restarted
-process, or another replica, serves the next call of any open episode.
+what its tools keep between calls, finished) and ``version``. The key holds the team, so a
+sid is found only under the team that created it: another team's sid is a 404, as an
+unknown one is. Every touch (create, prompt, call, ping) sets the key's expiry to
+``ENVS_SESSION_TTL_S``: an episode nobody touches that long is gone. Nothing lives in the
+process, so a restarted process, or another replica, serves the next call of any open
+episode (python's interpreter lives in the sandbox: ``interpreters.py``).
 
 A call reads the state, runs the tool, then writes the new state only if the version is
 still the one it read (``SAVE``, one Lua script): of two calls racing on one episode, the
-second is refused with 409 instead of losing the first's cell or submit.
+second is refused with 409 instead of losing the first's effect or submit.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import redis.asyncio as redis
@@ -38,17 +39,19 @@ return 1
 class Episode:
     env: str
     task: dict[str, Any]
-    cells: list[str] = field(default_factory=list)
+    # what the environment's tools keep between calls (python: its interpreter's handle)
+    tool_state: dict[str, str] = field(default_factory=dict)
     finished: bool = False
     calls: int = 0
     version: str = "0"
+    cells: InitVar[Any] = None  # an episode saved when python kept its cells: read, dropped
 
     def dump(self) -> str:
         return json.dumps(
             {
                 "env": self.env,
                 "task": self.task,
-                "cells": self.cells,
+                "tool_state": self.tool_state,
                 "finished": self.finished,
                 "calls": self.calls,
             }

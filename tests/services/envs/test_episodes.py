@@ -60,26 +60,32 @@ def test_python_episode_keeps_state_across_cells(episodes: Episodes) -> None:
     sid = episodes.create("python", task_spec=GSM)
     first = episodes.call("python", sid, "run", code="x = 3 + 4\nprint('first', x)")
     assert first.result["output"]["blocks"][0]["text"] == "first 7\n"
+    assert first.result["output"]["metadata"] == {"status": "ok"}
     assert first.usage["tool_calls"] == 1 and first.usage["sandbox_cpu_ms"] > 0
-    # the earlier cell runs again first (its output not shown): x is still there
+    # the interpreter lives on: x is still there, and nothing ran again
     second = episodes.call("python", sid, "run", code="print(x * 2)\nprint('  spaced  ')")
     assert second.result["output"]["blocks"][0]["text"] == "14\n  spaced  \n"
     err = episodes.call("python", sid, "run", code="1 / 0")
-    assert "ZeroDivisionError" in err.result["output"]["blocks"][0]["text"]
-    long = episodes.call("python", sid, "run", code="print('y' * 10_000)")
-    assert "bytes more" in long.result["output"]["blocks"][0]["text"]
+    shown = err.result["output"]["blocks"][0]["text"]
+    assert shown.startswith("Traceback") and "ZeroDivisionError: division by zero" in shown
+    assert err.result["output"]["metadata"] == {"status": "error"}
+    long = episodes.call("python", sid, "run", code="print('y' * 20_000)")
+    assert "[... 3617 more bytes of output not shown]" in long.result["output"]["blocks"][0]["text"]
     done = episodes.call("python", sid, "submit", answer="7")
     assert done.result["output"]["reward"] == 1.0
 
 
-def test_python_cell_that_never_ends_is_not_kept(episodes: Episodes) -> None:
+def test_python_cell_past_its_cpu_time_is_stopped_and_the_state_stays(
+    episodes: Episodes,
+) -> None:
     sid = episodes.create("python", task_spec=GSM)
     episodes.call("python", sid, "run", code="n = 41")
     loop = episodes.call("python", sid, "run", code="while True:\n    n += 0")
     shown = loop.result["output"]["blocks"][0]["text"]
-    assert shown.startswith("[the run ended:") and "not kept" in shown, shown
-    # one run of the loop, not one per output piece: its CPU is about ENVS_RUN_TIMEOUT_S
-    assert loop.usage["sandbox_cpu_ms"] < 3 * 2000
+    assert "KeyboardInterrupt" in shown, shown
+    assert shown.endswith("[stopped at its 2 s of CPU time; its variables are kept]"), shown
+    # one run of the loop: its CPU is about ENVS_RUN_TIMEOUT_S
+    assert 1500 < loop.usage["sandbox_cpu_ms"] < 3 * 2000
     after = episodes.call("python", sid, "run", code="print(n + 1)")
     assert after.result["output"]["blocks"][0]["text"] == "42\n"
 
