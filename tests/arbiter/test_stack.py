@@ -14,6 +14,9 @@ import pytest
 
 from arbiter.procs import free_port
 
+ORS_PYTHON = os.environ.get("ARBITER_ORS_PYTHON", "")  # make ors-clients; CI sets it
+ORS_CLIENTS = Path(__file__).parents[1] / "services" / "gateway" / "ors_clients.py"
+
 
 def _listening(port: int) -> bool:
     with socket.socket() as s:
@@ -60,7 +63,7 @@ def test_up_once_scores_samples_and_stops_everything(tmp_path: Path, gsm8k_dir: 
         assert f"Z {name} INFO uvicorn.error: Application startup complete." in log, log
 
 
-def test_up_stops_every_child_on_sigterm(tmp_path: Path, gsm8k_dir: Path) -> None:
+def test_up_serves_the_ors_clients_and_stops_every_child_on_sigterm(tmp_path: Path, gsm8k_dir: Path) -> None:
     argv, ports = _up_argv(tmp_path, gsm8k_dir, "--no-embedding")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
@@ -73,6 +76,16 @@ def test_up_stops_every_child_on_sigterm(tmp_path: Path, gsm8k_dir: Path) -> Non
     assert any("Arbiter is up" in line for line in lines), "".join(lines)
     live = [p for i, p in enumerate(ports) if i != 2 and _listening(p)]
     assert len(live) == 6  # gateway, verify, redis, sandbox, state redis, envs (no embedding)
+    if ORS_PYTHON:  # the field's ORS clients run every environment against it, unmodified
+        gateway = f"http://127.0.0.1:{ports[0]}"
+        for client in ("ors-sdk", "openreward"):
+            run = subprocess.run(
+                [ORS_PYTHON, str(ORS_CLIENTS), client, gateway],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
     time.sleep(0.5)

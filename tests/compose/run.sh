@@ -10,7 +10,9 @@
 #                  (right 1.0, wrong 0.0) and hostile programs (sockets to Redis and the
 #                  gateway, other processes' environment, the service's files, an infinite
 #                  loop: 0.0 each), the stack healthy after them; episodes of the
-#                  calculator and python environments through the gateway's /ors
+#                  calculator and python environments through the gateway's /ors, and of
+#                  every environment with the field's ORS clients (ors-sdk, openreward from
+#                  .venv-ors, make ors-clients), unmodified, at the gateway's root
 #   5. monitoring  Prometheus (profile monitoring) scraping the stack from here on
 #   6. restart     `docker compose restart verify` while a client keeps scoring
 #   7. auth        the one setting of a shared deployment (GATEWAY_KEYS_FILE): refused with a
@@ -113,6 +115,15 @@ phase score
 "$PY" tests/compose/check.py score "$URL" "$DATA/gsm8k"
 "$PY" tests/compose/check_sandbox.py score "$URL"
 "$PY" tests/compose/check_envs.py "$URL"
+ORS_PY=${ARBITER_ORS_PYTHON:-$REPO/.venv-ors/bin/python}
+if [ -x "$ORS_PY" ]; then
+  for client in ors-sdk openreward; do
+    "$ORS_PY" tests/services/gateway/ors_clients.py "$client" "$URL" >/dev/null
+  done
+  echo "ors clients: ors-sdk and openreward ran every environment"
+else
+  echo "ors clients: skipped, no $ORS_PY (make ors-clients)"
+fi
 
 phase monitoring
 compose --profile monitoring up --detach --wait --wait-timeout 120 prometheus

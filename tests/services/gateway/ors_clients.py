@@ -11,7 +11,9 @@ the SDKs only. Usage::
 CLIENT is ``ors-sdk`` or ``openreward``. Prints one JSON line: per environment, the tools,
 the prompt, each tool's observation, the submit's reward and ``finished``. With HOLD_S, a
 ``calculator`` episode is also held open that long beside the others (``ors-sdk``'s async
-client pings it every 10 s) before it submits: ``held`` is its reward.
+client pings it every 10 s) before it submits: ``held`` is its reward. Exits 1 when an
+episode is not what it should be (``check``): the pytest test, ``arbiter up``'s test and
+``make compose-test`` run it.
 """
 
 from __future__ import annotations
@@ -111,6 +113,27 @@ def main(client: str, base_url: str, hold_s: float) -> dict[str, Any]:
     return out
 
 
+def check(out: dict[str, Any]) -> None:
+    """Raises AssertionError when an episode's tools, observations or reward are wrong."""
+    assert out["math"]["tools"] == ["submit"]
+    assert out["math"]["reward"] == 1.5 and out["math"]["finished"] is True  # math + format
+    assert out["calculator"]["tools"] == ["calculate", "submit"]
+    assert out["calculator"]["observations"][0] == "42"
+    assert out["python"]["observations"][:2] == ["1\n", "2\n"]  # one run each, state kept
+    assert out["code"]["observations"][0].startswith("passed 1 of")
+    assert out["code"]["reward"] == 1.0
+    for env in ("calculator", "python"):
+        assert out[env]["reward"] == 1.5 and out[env]["finished"] is True, out[env]
+        assert out[env]["prompt"][0].strip()
+    if "held" in out:  # idle far past the TTL, kept alive by the SDK's pings
+        assert out["held"].get("reward") == 1.5, out["held"]
+
+
 if __name__ == "__main__":
     hold = float(sys.argv[3]) if len(sys.argv) > 3 else 0.0
-    print(json.dumps(main(sys.argv[1], sys.argv[2], hold)))
+    found = main(sys.argv[1], sys.argv[2], hold)
+    print(json.dumps(found))
+    try:
+        check(found)
+    except AssertionError as exc:
+        sys.exit(f"{sys.argv[1]}: an episode went wrong: {exc!r}")

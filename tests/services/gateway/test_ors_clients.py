@@ -56,36 +56,23 @@ def run_client(stack: EnvsStack, client: str, base_url: str, hold_s: int = 0) ->
         timeout=300,
         env=env,
     )
-    assert run.returncode == 0, run.stderr[-4000:]
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
     out: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
     return out
 
 
-def check_episodes(out: dict[str, Any]) -> None:
-    assert out["math"]["tools"] == ["submit"]
-    assert out["math"]["reward"] == 1.5 and out["math"]["finished"] is True  # math + format
-    assert out["calculator"]["tools"] == ["calculate", "submit"]
-    assert out["calculator"]["observations"][0] == "42"
-    assert out["python"]["observations"][:2] == ["1\n", "2\n"]  # one run each, state kept
-    assert out["code"]["observations"][0].startswith("passed 1 of")
-    assert out["code"]["reward"] == 1.0
-    for env in ("calculator", "python"):
-        assert out[env]["reward"] == 1.5 and out[env]["finished"] is True, out[env]
-        assert out[env]["prompt"][0].strip()
-
-
 @needs_clients
 def test_ors_sdk_runs_every_environment_and_pings_an_episode_alive(stack: EnvsStack) -> None:
+    # the script checks each episode (ors_clients.check), the held one's reward too
     out = run_client(stack, "ors-sdk", stack.gateway, hold_s=HOLD_S)
-    check_episodes(out)
-    # idle far past the TTL between its prompt and its calls, kept alive by the SDK's pings
-    assert out["held"].get("reward") == 1.5, out["held"]
+    assert out["held"]["reward"] == 1.5
 
 
 @needs_clients
 def test_openreward_runs_every_environment(stack: EnvsStack) -> None:
     # a base URL ending in "/": the SDK then pings "//ping", which the gateway takes as /ping
-    check_episodes(run_client(stack, "openreward", stack.gateway + "/"))
+    out = run_client(stack, "openreward", stack.gateway + "/")
+    assert out["python"]["observations"][:2] == ["1\n", "2\n"]
 
 
 def create(stack: EnvsStack, env: str) -> tuple[dict[str, str], str]:
