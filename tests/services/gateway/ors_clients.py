@@ -30,6 +30,7 @@ RIGHT = (
     "    return any(abs(a - b) < threshold for i, a in enumerate(numbers)\n"
     "               for b in numbers[i + 1:])\n"
 )
+OWN_TASK = {"question": "Tom has 3 boxes of 14 pens. How many pens?", "answer": "#### 42"}
 ENVIRONMENTS = ("math", "calculator", "python", "code")
 COUNTER = "n = globals().get('n', 0) + 1\nprint(n)"
 
@@ -66,9 +67,24 @@ def environment(client: str, base_url: str, name: str) -> tuple[Any, Any]:
     return openreward, openreward.environments.get(name=name, base_url=base_url)
 
 
+def first_task(client: str, env: Any, name: str) -> Any:
+    """The environment's first test task; a deployment without GSM8K's files (compose's
+    default) offers the math environments no split: then a task of our own, as the SDK's
+    ``Task``."""
+    if "test" in env.list_splits():
+        return env.list_tasks(split="test")[0]
+    if client == "ors-sdk":
+        from ors.client import Task
+
+        return Task(environment_name=name, task_spec=OWN_TASK)
+    from openreward.api.environments.types import Task as ORTask
+
+    return ORTask(server_name=name, environment_name=name, task_spec=OWN_TASK, namespace=None)
+
+
 def episode(client: str, base_url: str, name: str) -> dict[str, Any]:
     _, env = environment(client, base_url, name)
-    task = env.list_tasks(split="test")[0]
+    task = first_task(client, env, name)
     out: dict[str, Any] = {"observations": []}
     with env.session(task=task) as session:
         out["tools"] = sorted(t.name for t in session.list_tools())
@@ -87,7 +103,7 @@ async def held_episode(base_url: str, hold_s: float) -> dict[str, Any]:
 
     client = AsyncORS(base_url=base_url)
     env = client.environment("calculator")
-    task = (await env.list_tasks(split="test"))[0]
+    task = (await env.list_tasks(split="test"))[0]  # (the pytest stack has GSM8K)
     async with env.session(task=task) as session:
         await asyncio.sleep(hold_s)
         result = await session.call_tool("submit", {"answer": answer_of(task.task_spec)})
