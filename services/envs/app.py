@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from arbiter.services.common.app import create_service_app
+from arbiter.services.envs.batch_routes import router as batch_router
 from arbiter.services.envs.rewards import Rewards
 from arbiter.services.envs.routes import router
 from arbiter.services.envs.serving import Envs
@@ -23,7 +24,7 @@ def create_app(settings: EnvsSettings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = Store(settings.state_redis_url, settings.session_ttl_s)
+        store = Store(settings.state_redis_url, settings.session_ttl_s, settings.team_episode_bytes)
         rewards = Rewards(settings)
         try:
             app.state.envs = Envs(settings, store, rewards)  # tasks read here, once
@@ -43,7 +44,7 @@ def create_app(settings: EnvsSettings | None = None) -> FastAPI:
             return {"envs": "starting"}
         return {"state": await envs.store.check(), "gsm8k": envs.gsm8k_check}
 
-    return create_service_app(
+    app = create_service_app(
         service="envs",
         title="Arbiter envs",
         description="Multi-turn episodes over the Open Reward Standard; tools run in the "
@@ -53,3 +54,5 @@ def create_app(settings: EnvsSettings | None = None) -> FastAPI:
         ready=ready,
         settings=settings,
     )
+    app.include_router(batch_router)  # many episodes' calls in one request (batch.py)
+    return app

@@ -8,14 +8,14 @@ gets its answer again (kept ``LINGER_S``, 60 s, as the reference server keeps it
 never runs twice for one ``task_id``. Unlike the reference server, the record is in the
 state Redis, not in the process: a resend that reaches another replica finds it too.
 
-A call record is a hash, ``arbiter:envs:call:{team}:{sid}:{task_id}``: ``state``
+A call record is a hash, ``arbiter:envs-call:{team}:{sid}:{task_id}``: ``state``
 (``running``, ``done``, or ``failed`` for a failure that was not the policy's and left the
 episode as it was, so a resend runs the call again), ``answer`` (the ORS result JSON, or
 the error envelope), ``usage`` and ``claimed`` (whether a stream has reported the usage to
 the gateway yet: the first stream to deliver the answer carries the cost, so a run whose
 first stream was cut is charged when its answer is fetched).
 
-Calls on one episode run one at a time (``lock``: ``arbiter:envs:lock:{team}:{sid}``,
+Calls on one episode run one at a time (``lock``: ``arbiter:envs-lock:{team}:{sid}``,
 waited for in turn), each reading the episode as the one before left it, so a call after
 ``submit`` is refused without running (``episode_finished``), however many were sent at
 once.
@@ -85,11 +85,11 @@ class Outcome:
 
 
 def call_key(team: str, sid: str, task_id: str) -> str:
-    return f"{PREFIX}:call:{team}:{sid}:{task_id}"
+    return f"{PREFIX}-call:{team}:{sid}:{task_id}"
 
 
 def lock_key(team: str, sid: str) -> str:
-    return f"{PREFIX}:lock:{team}:{sid}"
+    return f"{PREFIX}-lock:{team}:{sid}"
 
 
 class Calls:

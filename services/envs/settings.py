@@ -42,6 +42,13 @@ class EnvsSettings(ServiceSettings):
         le=600,
         description="Deadline of one call to verify or the sandbox (queueing included).",
     )
+    team_episode_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=64 * 1024,
+        description="The most bytes a team's open episodes may hold in the state Redis "
+        "(their tasks, mostly: a code episode's can be a few hundred KB); past it, the "
+        "team's /create is 429 episodes_over_budget, and no other team's.",
+    )
     call_timeout_s: float = Field(
         default=120.0,
         gt=0,

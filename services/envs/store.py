@@ -11,26 +11,60 @@ episode (python's interpreter lives in the sandbox: ``interpreters.py``).
 A call reads the state, runs the tool, then writes the new state only if the version is
 still the one it read (``SAVE``, one Lua script): of two calls racing on one episode, the
 second is refused with 409 instead of losing the first's effect or submit.
+
+**A team's open episodes are bounded in bytes** (``ENVS_TEAM_EPISODE_BYTES``), as its
+stored answers are: the state Redis is ``noeviction``, and a ``code`` episode holds its
+task, up to a few hundred KB. Each team's open episodes are listed with their last touch
+(``arbiter:envs-budget:touched:{team}``, a sorted set) and their sizes
+(``arbiter:envs-budget:bytes:{team}``); ``/create`` first forgets the team's episodes idle
+past the TTL (Redis has expired them), then opens the new one only if the team's total
+stays within its budget (``CREATE``, one script): past it, 429 ``episodes_over_budget`` for
+that team alone. An episode's size is taken when it opens: what changes after (a finished
+flag, the interpreter's handle) is small.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import time
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
 import redis.asyncio as redis
 from redis.exceptions import RedisError
 
-from arbiter.errors import BadRequest, Conflict, NotFound, Unavailable
+from arbiter.errors import BadRequest, Conflict, NotFound, RateLimited, Unavailable
 
 PREFIX = "arbiter:envs"
+BUDGET = "arbiter:envs-budget"
+
+# KEYS: the episode, the team's touches, the team's sizes. ARGV: the state, its version,
+# the TTL in s, now in ms, the team's budget in bytes, the sid. Returns -1 when the episode
+# exists, -2 past the budget (then the team's total), else the team's total with it.
+CREATE = """
+local idle = tonumber(ARGV[4]) - tonumber(ARGV[3]) * 1000
+for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. idle)) do
+  redis.call('ZREM', KEYS[2], gone)
+  redis.call('HDEL', KEYS[3], gone)
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
+local total = 0
+for _, size in ipairs(redis.call('HVALS', KEYS[3])) do total = total + tonumber(size) end
+local size = string.len(ARGV[1])
+if total + size > tonumber(ARGV[5]) then return {-2, total} end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'version', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[4], ARGV[6])
+redis.call('HSET', KEYS[3], ARGV[6], size)
+return {0, total + size}
+"""
 
 SAVE = """
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'version', tostring(tonumber(ARGV[2]) + 1))
 redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], 'XX', ARGV[4], ARGV[5])
 return 1
 """
 
@@ -62,6 +96,18 @@ def key(team: str, sid: str) -> str:
     return f"{PREFIX}:{team}:{sid}"
 
 
+def touched_key(team: str) -> str:
+    return f"{BUDGET}:touched:{team}"
+
+
+def sizes_key(team: str) -> str:
+    return f"{BUDGET}:bytes:{team}"
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def not_found(sid: str) -> NotFound:
     return NotFound(
         f"X-Session-ID: no open episode {sid[:64]!r} (never created, deleted, or idle past "
@@ -72,9 +118,11 @@ def not_found(sid: str) -> NotFound:
 
 
 class Store:
-    def __init__(self, url: str, ttl_s: int):
+    def __init__(self, url: str, ttl_s: int, team_bytes: int):
         self.ttl_s = ttl_s
+        self.team_bytes = team_bytes
         self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5.0)
+        self._create = self.redis.register_script(CREATE)
         self._save = self.redis.register_script(SAVE)
 
     async def close(self) -> None:
@@ -88,19 +136,36 @@ class Store:
         return "ok"
 
     async def create(self, team: str, sid: str, episode: Episode) -> None:
-        k = key(team, sid)
+        """Opens the episode at a random version (a call still running on a deleted
+        episode of this sid read another, so its save is refused instead of overwriting),
+        within the team's byte budget."""
+        keys = [key(team, sid), touched_key(team), sizes_key(team)]
+        version = str(secrets.randbelow(2**48))
+        args: list[str | int] = [
+            episode.dump(),
+            version,
+            self.ttl_s,
+            now_ms(),
+            self.team_bytes,
+            sid,
+        ]
         async with redis_errors():
-            created = await self.redis.hsetnx(k, "state", episode.dump())
-            if created:  # a fresh start: a call still running on a deleted episode of this
-                # sid read another version, so its save is refused instead of overwriting
-                await self.redis.hset(k, "version", str(secrets.randbelow(2**48)))
-            await self.redis.expire(k, self.ttl_s)
-        if not created:
+            code, total = await self._create(keys=keys, args=args)
+        if code == -1:
             raise BadRequest(
                 f"X-Session-ID: episode {sid[:64]!r} exists already; use a new sid",
                 param="X-Session-ID",
                 code="session_exists",
             )
+        if code == -2:
+            over = RateLimited(
+                f"this team's open episodes hold {int(total):,} bytes; this one would take "
+                f"them past ENVS_TEAM_EPISODE_BYTES ({self.team_bytes:,}): delete finished "
+                "episodes (POST /delete), or retry once idle ones expire",
+                code="episodes_over_budget",
+            )
+            over.retry_after = 60.0
+            raise over
 
     async def load(self, team: str, sid: str) -> Episode:
         """The episode, its idle TTL restarted; 404 when there is none."""
@@ -108,7 +173,8 @@ class Store:
         async with redis_errors(), self.redis.pipeline(transaction=True) as pipe:
             pipe.hgetall(k)
             pipe.expire(k, self.ttl_s)
-            found, _ = await pipe.execute()
+            pipe.zadd(touched_key(team), {sid: now_ms()}, xx=True)
+            found, _, _ = await pipe.execute()
         if not found or "state" not in found:
             raise not_found(sid)
         state = json.loads(found["state"])
@@ -121,7 +187,8 @@ class Store:
             for sid in sids:
                 pipe.hgetall(key(team, sid))
                 pipe.expire(key(team, sid), self.ttl_s)
-            found = (await pipe.execute())[::2]
+            pipe.zadd(touched_key(team), dict.fromkeys(sids, now_ms()), xx=True)
+            found = (await pipe.execute())[:-1:2]
         return [
             Episode(**json.loads(f["state"]), version=f.get("version", "0"))
             if f and "state" in f
@@ -132,7 +199,8 @@ class Store:
     async def save(self, team: str, sid: str, episode: Episode) -> None:
         async with redis_errors():
             done = await self._save(
-                keys=[key(team, sid)], args=[episode.dump(), episode.version, self.ttl_s]
+                keys=[key(team, sid), touched_key(team)],
+                args=[episode.dump(), episode.version, self.ttl_s, now_ms(), sid],
             )
         if not done:
             raise Conflict(
@@ -143,19 +211,24 @@ class Store:
             )
 
     async def touch(self, team: str, sid: str) -> None:
-        async with redis_errors():
-            alive = await self.redis.expire(key(team, sid), self.ttl_s)
+        async with redis_errors(), self.redis.pipeline(transaction=True) as pipe:
+            pipe.expire(key(team, sid), self.ttl_s)
+            pipe.zadd(touched_key(team), {sid: now_ms()}, xx=True)
+            alive, _ = await pipe.execute()
         if not alive:
             raise not_found(sid)
 
     async def delete(self, team: str, sid: str) -> None:
-        async with redis_errors():
-            await self.redis.delete(key(team, sid))
+        await self.delete_many(team, [sid])
 
     async def delete_many(self, team: str, sids: list[str]) -> int:
-        """``delete`` of many episodes in one command: how many were open."""
-        async with redis_errors():
-            return int(await self.redis.delete(*(key(team, sid) for sid in sids)))
+        """``delete`` of many episodes in one round trip: how many were open."""
+        async with redis_errors(), self.redis.pipeline(transaction=True) as pipe:
+            pipe.delete(*(key(team, sid) for sid in sids))
+            pipe.zrem(touched_key(team), *sids)
+            pipe.hdel(sizes_key(team), *sids)
+            deleted, _, _ = await pipe.execute()
+        return int(deleted)
 
 
 class redis_errors:

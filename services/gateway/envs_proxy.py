@@ -7,7 +7,9 @@ routes, which need no key and carry no team) and, in this order:
 1. ``Idempotency-Key`` on a POST (``idempotency.py``): the stored answer of an earlier call
    with the key (the same path, ``X-Session-ID`` and body) is answered again, byte for
    byte, with its content type (``Idempotent-Replayed: true``; not forwarded, not counted
-   again); a new key is claimed.
+   again); a new key is claimed. If the key's store fails, the call is not forwarded (503
+   ``idempotency_unavailable``): unlike a score, an episode's call is not idempotent by
+   itself, and a retry must never run it twice.
 2. quota (``envs_quota.py``): a tool call (``POST /{env}/call``, or the bare ``/call``)
    or an episode opened (``POST /create``) takes one from the team's tool-call bucket, and
    passes only while its sandbox-CPU bucket is above zero (429).
@@ -49,6 +51,7 @@ from arbiter.errors import (
     NotConfigured,
     NotFound,
     RateLimited,
+    Unavailable,
 )
 from arbiter.keys import Principal
 from arbiter.proto.common import TEAM_HEADER
@@ -63,7 +66,7 @@ from arbiter.services.gateway.envs_relay import (
     unreachable,
     whole,
 )
-from arbiter.services.gateway.idempotency import REPLAYED, Claim, Replay, check_key
+from arbiter.services.gateway.idempotency import HEADER, REPLAYED, Claim, Replay, check_key
 from arbiter.services.gateway.settings import GatewaySettings
 from arbiter.services.gateway.slots import TeamSlots
 from arbiter.services.gateway.teams import Teams
@@ -151,6 +154,12 @@ class EnvsProxy:
             sid = next((v for k, v in sent.items() if k.lower() == SESSION_HEADER.lower()), "")
             where = f"{path} {sid}" if sid else path
             found = await idem.begin(who.team, check_key(idempotency_key), method, where, body)
+            if found is None:  # an episode's call is not run without its key's guarantee
+                raise Unavailable(
+                    f"{HEADER}: the key's store (the state Redis) failed; nothing ran, retry "
+                    "with the same key",
+                    code="idempotency_unavailable",
+                )
             if isinstance(found, Replay):
                 await self._record(who, Tally(idempotent_replays=1))
                 return _replayed(found.body)
