@@ -33,9 +33,21 @@ import httpx
 from pydantic import TypeAdapter, ValidationError
 
 from arbiter.client import ArbiterClient
-from arbiter.errors import MAX_MESSAGE_CHARS, BadResponse, Unavailable, Unprocessable, from_response
+from arbiter.errors import (
+    MAX_MESSAGE_CHARS,
+    ArbiterError,
+    BadResponse,
+    Unavailable,
+    Unprocessable,
+    from_response,
+)
 from arbiter.proto.envs import (
     SESSION_HEADER,
+    BatchCalled,
+    BatchCallResult,
+    BatchCreated,
+    BatchDeleted,
+    BatchOpened,
     ListToolsOutput,
     RunToolError,
     RunToolSuccess,
@@ -45,17 +57,24 @@ from arbiter.proto.envs import (
     ToolOutput,
     ToolSpec,
 )
+from arbiter.proto.errors import ErrorResponse
 from arbiter.retry import RetryPolicy
 
 __all__ = ["AsyncEnvsClient", "AsyncSession", "EnvsClient", "Session", "ToolRefused"]
 
 ORS_PREFIX = "/ors"
+BATCH_PATH = "/v1/envs/batch"  # Arbiter's batch routes (not ORS), at the gateway's root
 _RESULT: TypeAdapter[RunToolSuccess | RunToolError] = TypeAdapter(RunToolSuccess | RunToolError)
 _NAMES: TypeAdapter[list[str]] = TypeAdapter(list[str])
 _SPLITS: TypeAdapter[list[Split]] = TypeAdapter(list[Split])
 _BLOCKS: TypeAdapter[list[TextBlock]] = TypeAdapter(list[TextBlock])
 _TOOLS = TypeAdapter(ListToolsOutput)
 _TASKS = TypeAdapter(TasksOutput)
+_CREATED = TypeAdapter(BatchCreated)
+_CALLED = TypeAdapter(BatchCalled)
+_DELETED = TypeAdapter(BatchDeleted)
+# a batch's tool call: (sid, env_name, tool, its input)
+BatchItem = tuple[str, str, str, dict[str, Any]]
 T = TypeVar("T")
 
 
@@ -139,6 +158,37 @@ def _create_body(
     return {"env_name": env, "split": split, "index": index}
 
 
+def _failed(status: int, error: Any) -> ArbiterError:
+    return from_response(status, ErrorResponse(error=error).model_dump_json(), source="envs")
+
+
+def _opened(item: BatchOpened) -> str | ArbiterError:
+    if item.sid is not None:
+        return item.sid
+    if item.failed is None:
+        return BadResponse("a batch item with neither sid nor failed")
+    return _failed(item.failed.status, item.failed.error)
+
+
+def _called(item: BatchCallResult) -> ToolOutput | ArbiterError:
+    """One item of a batch's answer as ``Session.call`` returns or raises it."""
+    if item.failed is not None:
+        return _failed(item.failed.status, item.failed.error)
+    if isinstance(item.result, RunToolError):
+        return ToolRefused(item.result.error, code=item.result.reason or "tool_refused")
+    if item.result is None:
+        return BadResponse("a batch item with neither result nor failed")
+    return item.result.output
+
+
+def _batch_body(op: str, items: list[Any], env: str = "") -> dict[str, Any]:
+    if op == "create":
+        return {"episodes": [{"env_name": env, "task_spec": spec} for spec in items]}
+    if op == "call":
+        return {"calls": [{"sid": s, "env_name": e, "name": n, "input": a} for s, e, n, a in items]}
+    return {"sids": items}
+
+
 class _Base:
     def __init__(
         self,
@@ -195,6 +245,29 @@ class EnvsClient(_Base):
         sid = new_sid(self._req("POST", "create_session", headers=_idem()))
         _check(self._req("POST", "create", json=body, headers={SESSION_HEADER: sid, **_idem()}))
         return Session(self, env, sid)
+
+    # ---- Arbiter's batch routes: many episodes' calls in one request, each item answered
+    # (or its error returned) in its place, as the one-call methods return or raise it
+
+    def _batch(self, op: str, items: list[Any], env: str = "") -> httpx.Response:
+        body = _batch_body(op, items, env)
+        return self.http._request(
+            "POST", f"{BATCH_PATH}/{op}", self.http.retry, json=body, headers=_idem()
+        )
+
+    def open_many(self, env: str, task_specs: list[dict[str, Any]]) -> list[str | ArbiterError]:
+        """Episodes of ``env`` on ``task_specs``, opened at once: their sids."""
+        r = self._batch("create", task_specs, env)
+        return [_opened(x) for x in _parse(_CREATED, r).results]
+
+    def call_many(self, calls: list[BatchItem]) -> list[ToolOutput | ArbiterError]:
+        """Tool calls on distinct episodes at once: each one's ``ToolOutput``, or its error
+        (``ToolRefused`` when the environment refused it)."""
+        return [_called(x) for x in _parse(_CALLED, self._batch("call", calls)).results]
+
+    def delete_many(self, sids: list[str]) -> int:
+        """Episodes ended at once: how many were open."""
+        return _parse(_DELETED, self._batch("delete", sids)).deleted
 
     def close(self) -> None:
         self.http.close()
@@ -268,6 +341,24 @@ class AsyncEnvsClient(_Base):
     ) -> AsyncSession:
         """``async with envs.session(...) as episode``: created on entry, ended on exit."""
         return AsyncSession(self, env, _create_body(env, task_spec, split, index))
+
+    async def _batch(self, op: str, items: list[Any], env: str = "") -> httpx.Response:
+        body = _batch_body(op, items, env)
+        return await self.http._arequest(
+            "POST", f"{BATCH_PATH}/{op}", self.http.retry, json=body, headers=_idem()
+        )
+
+    async def open_many(
+        self, env: str, task_specs: list[dict[str, Any]]
+    ) -> list[str | ArbiterError]:
+        r = await self._batch("create", task_specs, env)
+        return [_opened(x) for x in _parse(_CREATED, r).results]
+
+    async def call_many(self, calls: list[BatchItem]) -> list[ToolOutput | ArbiterError]:
+        return [_called(x) for x in _parse(_CALLED, await self._batch("call", calls)).results]
+
+    async def delete_many(self, sids: list[str]) -> int:
+        return _parse(_DELETED, await self._batch("delete", sids)).deleted
 
     async def aclose(self) -> None:
         await self.http.aclose()

@@ -17,11 +17,12 @@ envelope of a call that did not answer).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from arbiter.proto.common import ArbiterModel
+from arbiter.proto.errors import ErrorBody
 from arbiter.proto.gateway import JsonObject
 
 SESSION_HEADER = "X-Session-ID"
@@ -184,3 +185,73 @@ class CodeTask(ArbiterModel):
 
 def task_json(task: ArbiterModel) -> dict[str, Any]:
     return task.model_dump(mode="json")
+
+
+# ---- Arbiter's batch routes (not ORS): one request carries a turn's calls of many episodes
+# (``/v1/envs/batch/*`` at the gateway), so a trainer stepping hundreds of episodes at once
+# makes a few requests a turn instead of one per episode. Every item is what the ORS route
+# of the same name does for one episode, and answers what it answers.
+
+MAX_BATCH = 1024  # items in one batch request
+
+
+class BatchFailure(ArbiterModel):
+    """An item that did not answer: the status and error envelope that the ORS route would
+    have answered for it alone (retryable or not as that status is)."""
+
+    status: int
+    error: ErrorBody
+
+
+class BatchCreate(ArbiterModel):
+    """``POST /v1/envs/batch/create``: episodes opened at once, each as ``/create_session``
+    then ``/create`` open one (a new sid each)."""
+
+    episodes: list[CreateEpisode] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class BatchOpened(ArbiterModel):
+    sid: str | None = None  # the episode's X-Session-ID; None when ``failed``
+    failed: BatchFailure | None = None
+
+
+class BatchCreated(ArbiterModel):
+    results: list[BatchOpened]  # in the order of ``episodes``
+
+
+class BatchToolCall(ArbiterModel):
+    sid: str = Field(min_length=1, max_length=128, description="The episode's X-Session-ID.")
+    env_name: str = Field(max_length=64)
+    name: str = Field(max_length=128)
+    input: JsonObject = Field(default_factory=dict)
+
+
+class BatchCall(ArbiterModel):
+    """``POST /v1/envs/batch/call``: tool calls on distinct episodes, run at once."""
+
+    calls: list[BatchToolCall] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class BatchCallResult(ArbiterModel):
+    """ORS's answer to one call (``result``: ``ok`` with the ``ToolOutput``, or the
+    environment's refusal), or ``failed``: it did not answer, not the policy's doing."""
+
+    result: RunToolSuccess | RunToolError | None = None
+    failed: BatchFailure | None = None
+
+
+class BatchCalled(ArbiterModel):
+    results: list[BatchCallResult]  # in the order of ``calls``
+    usage: Usage  # the batch's: its calls that ran, and their sandbox CPU
+
+
+class BatchDelete(ArbiterModel):
+    """``POST /v1/envs/batch/delete``: episodes ended at once, as ``/delete`` ends one."""
+
+    sids: list[Annotated[str, Field(min_length=1, max_length=128)]] = Field(
+        min_length=1, max_length=MAX_BATCH
+    )
+
+
+class BatchDeleted(ArbiterModel):
+    deleted: int  # of the sids, those that were open

@@ -28,6 +28,7 @@ from arbiter.services.gateway.fanout import ComponentClient
 from arbiter.services.gateway.lifecycle import Lifecycle
 from arbiter.services.gateway.nemo_envs import router as nemo_envs_router
 from arbiter.services.gateway.ors import router as ors_router
+from arbiter.services.gateway.ors_batch import router as ors_batch_router
 from arbiter.services.gateway.recipes import RecipeBook
 from arbiter.services.gateway.routes import AUTH_RESPONSES, router
 from arbiter.services.gateway.scoring import Scorer
@@ -114,6 +115,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         settings=settings,
     )
     app.include_router(compat_router, responses=AUTH_RESPONSES)  # other frameworks' shapes
+    app.include_router(ors_batch_router)  # many episodes' calls in one request
     app.include_router(ors_router)  # environments over the Open Reward Standard
     app.include_router(nemo_envs_router)  # the same, as NeMo Gym resources servers
     app.add_exception_handler(RequestValidationError, _validation_handler)

@@ -23,7 +23,7 @@ import time
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from arbiter.errors import RateLimited
+from arbiter.errors import RateLimited, Unprocessable
 from arbiter.services.gateway.cache import REDIS_ERRORS
 from arbiter.services.gateway.quota import _LEVEL, CHARGE_LUA, QUOTA_REJECTIONS, WARNINGS
 
@@ -31,22 +31,23 @@ PERIOD_MS = 60_000
 CALLS, CPU = "tool_calls_per_minute", "sandbox_cpu_s_per_minute"
 
 # KEYS: the calls bucket, the CPU bucket. ARGV: calls per minute (0 = no limit), CPU ms per
-# minute (0 = no limit). Returns {1, 0} (one call taken) or {0, ms to wait, which quota}.
+# minute (0 = no limit), the calls to take. Returns {1, 0} (taken) or {0, ms to wait, which
+# quota}.
 TAKE_LUA = (
     _LEVEL
     + """
-local calls, cpu = tonumber(ARGV[1]), tonumber(ARGV[2])
+local calls, cpu, n = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local c = 0
 if calls > 0 then
   c = level(KEYS[1], calls, 60000)
-  if c < 1 then return {0, math.ceil((1 - c) * 60000 / calls), 'tool_calls_per_minute'} end
+  if c < n then return {0, math.ceil((n - c) * 60000 / calls), 'tool_calls_per_minute'} end
 end
 if cpu > 0 then
   local u = level(KEYS[2], cpu, 60000)
   if u <= 0 then return {0, math.ceil((1 - u) * 60000 / cpu), 'sandbox_cpu_s_per_minute'} end
 end
 if calls > 0 then
-  redis.call('HSET', KEYS[1], 't', tostring(c - 1), 'ts', now)
+  redis.call('HSET', KEYS[1], 't', tostring(c - n), 'ts', now)
   redis.call('PEXPIRE', KEYS[1], 120000)
 end
 return {1, 0}
@@ -96,34 +97,42 @@ class EnvsQuota:
     def enabled(self) -> bool:
         return bool(self.calls or self.cpu_ms)
 
-    async def take(self, team: str) -> None:
-        """Take one tool call, or raise 429 (``Retry-After``)."""
+    async def take(self, team: str, n: int = 1) -> None:
+        """Take ``n`` tool calls (a batch's at once), or raise 429 (``Retry-After``); more
+        than a minute's calls at once is 422 (split the batch)."""
         if not self.enabled:
             return
+        if self.calls and n > self.calls:
+            raise Unprocessable(
+                f"{n} tool calls at once are more than the team's {self.calls} per minute "
+                "(GATEWAY_ENVS_TOOL_CALLS_PER_MINUTE); send them in smaller batches",
+                code="batch_over_quota",
+            )
         if time.monotonic() >= self._local_until:
             try:
-                answer = await self._take(keys=bucket_keys(team), args=[self.calls, self.cpu_ms])
+                args = [self.calls, self.cpu_ms, n]
+                answer = await self._take(keys=bucket_keys(team), args=args)
             except (RedisError, OSError, TimeoutError) as exc:
                 self._failed(exc)
             else:
                 if int(answer[0]) != 1:
                     quota = answer[2].decode() if isinstance(answer[2], bytes) else str(answer[2])
                     raise _refusal(team, quota, int(answer[1]) / 1000)
-                self._debit(team, 1, 0)
+                self._debit(team, n, 0)
                 return
-        self._take_locally(team)
+        self._take_locally(team, n)
 
-    def _take_locally(self, team: str) -> None:
+    def _take_locally(self, team: str, n: int) -> None:
         share = self.local.share
         if self.calls:
             c = self.local.level((team, CALLS), self.calls)
-            if c < 1:
-                raise _refusal(team, CALLS, (1 - c) * PERIOD_MS / 1000 / (self.calls * share))
+            if c < n:
+                raise _refusal(team, CALLS, (n - c) * PERIOD_MS / 1000 / (self.calls * share))
         if self.cpu_ms:
             u = self.local.level((team, CPU), self.cpu_ms)
             if u <= 0:
                 raise _refusal(team, CPU, (1 - u) * PERIOD_MS / 1000 / (self.cpu_ms * share))
-        self._debit(team, 1, 0)
+        self._debit(team, n, 0)
 
     def _debit(self, team: str, calls: int, cpu_ms: int) -> None:
         if self.calls and calls:
@@ -137,11 +146,11 @@ class EnvsQuota:
             await self._run_charge(team, 1, self.cpu_ms, cpu_ms)
             self._debit(team, 0, cpu_ms)
 
-    async def refund(self, team: str) -> None:
-        """Give back the tool call ``take`` took for a call that never ran."""
-        if self.calls:
-            await self._run_charge(team, 0, self.calls, -1)
-            self._debit(team, -1, 0)
+    async def refund(self, team: str, n: int = 1) -> None:
+        """Give back ``n`` tool calls ``take`` took for calls that never ran."""
+        if self.calls and n > 0:
+            await self._run_charge(team, 0, self.calls, -n)
+            self._debit(team, -n, 0)
 
     async def _run_charge(self, team: str, which: int, cap: int, amount: int) -> None:
         if time.monotonic() < self._local_until:
