@@ -13,24 +13,30 @@ in-process calculator's instruction and the question), as a framework renders an
 environment's tools into its chat template: the service's prompt names the ORS tools, which
 this parser maps to ``<calc>``; the policy sees the same prompt either way.
 
-Every turn's calls of a batch go out at once, on a thread pool over one ``arbiter.envs``
-client (its retries and ``Idempotency-Key`` per call), so 256 episodes cost one round trip
-a turn, not 256. The submits and the deletes leave the rollout's critical path: a submit
-is sent when its episode ends and the rewards are a future the trainer waits for with the
-other rewards (the next batch samples meanwhile); the deletes follow the rewards. A call the
-service could not answer (unavailable, timed out after retries) makes that episode's reward
-null with its reason: masked, never 0.
+Every turn's calls of a batch go out at once through Arbiter's batch routes beside ORS's
+one-call routes (``/v1/envs/batch/*``; ``arbiter.envs``'s ``open_many``, ``call_many``,
+``delete_many``, with its retries and an ``Idempotency-Key`` per request): ``CHUNK`` episodes
+a request, a turn's requests in flight at once on a few threads, so 512 episodes cost about
+eight requests a turn, not 512. Fewer requests is the point: the trainer's process runs the
+HTTP client beside the sampler, and every request's Python (the client, JSON, the answer's
+model) holds the GIL the sampler needs to launch its kernels; at one request per episode
+call, 512 episodes' 2,500 requests a step held it for seconds (``bench.trainer.ors_contention``
+measures it). The submits and the deletes leave the rollout's critical path: an episode's
+submit is sent when it ends (with the others ending that turn) and the rewards are a future
+the trainer waits for with the other rewards (the next batch samples meanwhile); the deletes
+follow the rewards. A call the service could not answer (unavailable, timed out after
+retries) makes that episode's reward null with its reason: masked, never 0.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from arbiter.envs import EnvsClient, Session, ToolRefused
+from arbiter.envs import EnvsClient, ToolRefused
 from arbiter.errors import ArbiterError
+from arbiter.proto.envs import MAX_BATCH, ToolOutput
 from arbiter.proto.gateway import ScoreGroup
 from arbiter.trainer.data import Problem
 from arbiter.trainer.env import CALC_CALL, CalculatorEnv, Step
@@ -38,6 +44,9 @@ from arbiter.trainer.rewards import BatchRewards, GroupRewards
 
 PREFIX = "ors:"
 T = TypeVar("T")
+# Episodes per batch request: the service runs one request's items in one of its processes,
+# so a turn's requests spread over its processes.
+CHUNK = 64
 
 
 @dataclass
@@ -46,78 +55,76 @@ class EnvReward:
     error: str = ""  # why the reward is null
 
 
+def _chunks(items: list[T], size: int) -> list[list[T]]:
+    return [items[k : k + size] for k in range(0, len(items), size)]
+
+
 class OrsBatch:
     """The episodes of one rollout batch on environment ``name`` (one per trajectory)."""
 
     stop_strings = CalculatorEnv.stop_strings
 
-    def __init__(self, client: EnvsClient, name: str, pool: ThreadPoolExecutor):
-        self.client, self.name, self.pool = client, name, pool
-        self.opening: list[Future[Session | ArbiterError]] = []
+    def __init__(self, client: EnvsClient, name: str, pool: ThreadPoolExecutor, chunk: int = CHUNK):
+        self.client, self.name, self.pool, self.chunk = client, name, pool, chunk
+        self.opening: list[Future[list[str | ArbiterError]]] = []  # one per chunk of episodes
         self.texts: list[str] = []
         # episodes whose reward is null already: never opened, or a call the service failed
         self.null: dict[int, EnvReward] = {}
-        self.submits: dict[int, Future[EnvReward]] = {}
-
-    @staticmethod
-    def _guarded(fn: Callable[[int], T], i: int) -> T | ArbiterError:
-        try:
-            return fn(i)
-        except ArbiterError as e:
-            return e
+        self.submits: list[tuple[list[int], Future[list[EnvReward]]]] = []
+        self.ended: set[int] = set()
 
     def reset(self, problems: list[Problem]) -> list[str]:
         """One episode per problem (GSM8K's question and worked answer as its task), opened
         while the first turn samples; the first user messages, rendered as in process."""
-
-        def open_one(i: int) -> Session:
-            p = problems[i]
-            return self.client.session(self.name, {"question": p.question, "answer": p.reference})
-
+        specs = [{"question": p.question, "answer": p.reference} for p in problems]
         # a task queued on the pool after these may wait for them: they started before it
-        self.opening = [self.pool.submit(self._guarded, open_one, i) for i in range(len(problems))]
+        self.opening = [self.pool.submit(self._open, part) for part in _chunks(specs, self.chunk)]
         self.texts = [""] * len(problems)
         env = CalculatorEnv()
         return [env.reset(p) for p in problems]
 
-    def session(self, i: int) -> Session | None:
-        """Episode ``i``'s session once opened; None when it could not be (its reward null)."""
-        got = self.opening[i].result()
+    def _open(self, specs: list[dict[str, str]]) -> list[str | ArbiterError]:
+        try:
+            return self.client.open_many(self.name, specs)
+        except ArbiterError as e:
+            return [e] * len(specs)
+
+    def sid(self, i: int) -> str | None:
+        """Episode ``i``'s session id once opened; None when it could not be (reward null)."""
+        got = self.opening[i // self.chunk].result()[i % self.chunk]
         if isinstance(got, ArbiterError):
             self.null.setdefault(i, EnvReward(None, f"create: {got}"))
             return None
         return got
 
-    def _submit(self, i: int) -> EnvReward:
-        s = self.session(i)
-        if s is None or i in self.null:
-            return self.null[i]
+    def _calls(
+        self, tool: str, items: list[tuple[str, dict[str, str]]]
+    ) -> list[ToolOutput | ArbiterError]:
         try:
-            out = s.call("submit", answer=self.texts[i])
-        except ToolRefused as e:
-            return EnvReward(None, f"submit refused: {e}")
-        except ArbiterError as e:  # the service's failure, not the policy's
-            return EnvReward(None, f"{e.kind}: {e}")
-        return EnvReward(out.reward, "" if out.reward is not None else "submit returned no reward")
+            return self.client.call_many([(sid, self.name, tool, args) for sid, args in items])
+        except ArbiterError as e:  # the whole request failed after its retries
+            return [e] * len(items)
 
-    def _end(self, i: int) -> None:
-        """The episode's submit, sent now; its reward is collected by ``rewards``."""
-        if i not in self.submits:
-            self.submits[i] = self.pool.submit(self._submit, i)
+    def _send(
+        self, tool: str, items: list[tuple[int, str, dict[str, str]]]
+    ) -> list[tuple[list[int], Future[list[ToolOutput | ArbiterError]]]]:
+        """``tool`` on each (episode, sid, input), ``chunk`` a request, all sent now."""
+        out = []
+        for k in range(0, len(items), self.chunk):
+            part = items[k : k + self.chunk]
+            calls = [(sid, args) for _, sid, args in part]
+            out.append(([i for i, _, _ in part], self.pool.submit(self._calls, tool, calls)))
+        return out
 
-    def _calculate(self, i: int, expression: str) -> Step:
-        s = self.session(i)
-        if s is None:
+    def _observation(self, i: int, got: ToolOutput | ArbiterError) -> Step:
+        if isinstance(got, ToolRefused):  # the policy's bad expression: its observation
+            value, failed = f"error: {got}"[:200], True
+        elif isinstance(got, ArbiterError):  # the service's failure, not the policy's
+            self.null[i] = EnvReward(None, f"{got.kind}: {got}")
             return Step("", True)
-        try:
-            out = s.call("calculate", expression=expression)
-            value = "".join(b.text for b in out.blocks).strip()
-            failed = bool(out.metadata and "error" in out.metadata)
-        except ToolRefused as e:  # the policy's bad expression: its observation
-            value, failed = f"error: {e}"[:200], True
-        except ArbiterError as e:  # the service's failure, not the policy's
-            self.null[i] = EnvReward(None, f"{e.kind}: {e}")
-            return Step("", True)
+        else:
+            value = "".join(b.text for b in got.blocks).strip()
+            failed = bool(got.metadata and "error" in got.metadata)
         obs = f"<result>{value}</result>"
         self.texts[i] += obs
         return Step(obs, False, tool_call=True, tool_error=failed)
@@ -125,41 +132,73 @@ class OrsBatch:
     def step(self, actions: dict[int, tuple[str, bool]]) -> dict[int, Step]:
         """Each trajectory's turn (its action text, whether it ended at EOS) -> its Step:
         the turn's calculator calls at once; the others end their episodes (submits sent)."""
-        calling: dict[int, Future[Step]] = {}
         out: dict[int, Step] = {}
+        calling: list[tuple[int, str, dict[str, str]]] = []
         for i, (action, eos) in actions.items():
             self.texts[i] += action
             calls = CALC_CALL.findall(action)
-            if eos or not calls or i in self.null:
+            sid = None if eos or not calls or i in self.null else self.sid(i)
+            if sid is None:
                 out[i] = Step("", True)
             else:
-                calling[i] = self.pool.submit(self._calculate, i, calls[-1])
-        for i, f in calling.items():
-            out[i] = f.result()
-        for i, step in out.items():
-            if step.done:
-                self._end(i)
+                calling.append((i, sid, {"expression": calls[-1]}))
+        for part, f in self._send("calculate", calling):
+            for i, got in zip(part, f.result(), strict=True):
+                out[i] = self._observation(i, got)
+        self._end([i for i, step in out.items() if step.done])
         return out
+
+    def _end(self, episodes: list[int]) -> None:
+        """The episodes' submits, sent now; their rewards are collected by ``rewards``."""
+        new = [i for i in episodes if i not in self.ended]
+        self.ended.update(new)
+        for part in _chunks(new, self.chunk):
+            self.submits.append((part, self.pool.submit(self._submit, part)))
+
+    def _submit(self, part: list[int]) -> list[EnvReward]:
+        live = [
+            (i, sid, {"answer": self.texts[i]})
+            for i in part
+            if i not in self.null and (sid := self.sid(i)) is not None
+        ]
+        got: dict[int, EnvReward] = {}
+        if live:
+            done = self._calls("submit", [(sid, args) for _, sid, args in live])
+            for (i, _, _), out in zip(live, done, strict=True):
+                got[i] = _reward(out)
+        return [got.get(i) or self.null[i] for i in part]
 
     def rewards(self) -> Future[list[EnvReward]]:
         """Every episode's reward once its submit has answered (an episode still going after
         the last turn is submitted now); then the episodes are deleted, not waited for."""
-        for i in range(len(self.opening)):
-            self._end(i)
-        futures = [self.submits[i] for i in range(len(self.opening))]
+        n = len(self.texts)
+        self._end(list(range(n)))
+        submits = list(self.submits)
 
         def collect() -> list[EnvReward]:
-            got = [f.result() for f in futures]
-            for i in range(len(self.opening)):
-                self.pool.submit(self._guarded, self._delete, i)
-            return got
+            got: dict[int, EnvReward] = {}
+            for part, f in submits:
+                got.update(zip(part, f.result(), strict=True))
+            self.pool.submit(self._delete)
+            return [got[i] for i in range(n)]
 
         return _COLLECTOR.submit(collect)
 
-    def _delete(self, i: int) -> None:
-        s = self.opening[i].result()
-        if not isinstance(s, ArbiterError):
-            s.close()
+    def _delete(self) -> None:
+        sids = [s for f in self.opening for s in f.result() if isinstance(s, str)]
+        for k in range(0, len(sids), MAX_BATCH):
+            try:
+                self.client.delete_many(sids[k : k + MAX_BATCH])
+            except ArbiterError:  # left to the episodes' idle TTL
+                continue
+
+
+def _reward(got: ToolOutput | ArbiterError) -> EnvReward:
+    if isinstance(got, ToolRefused):
+        return EnvReward(None, f"submit refused: {got}")
+    if isinstance(got, ArbiterError):  # the service's failure, not the policy's
+        return EnvReward(None, f"{got.kind}: {got}")
+    return EnvReward(got.reward, "" if got.reward is not None else "submit returned no reward")
 
 
 # Waits for a batch's submits (never on the pool it waits for, which could be full of them)
@@ -167,12 +206,13 @@ _COLLECTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ors-rewards")
 
 
 class OrsEnvironments:
-    """``env=ors:<name>``: a client and a thread pool for the run; ``batch()`` per rollout."""
+    """``env=ors:<name>``: a client and a few threads for the run (``requests``: batch
+    requests in flight at once); ``batch()`` per rollout."""
 
-    def __init__(self, spec: str, base_url: str, api_key: str = "", concurrency: int = 64):
+    def __init__(self, spec: str, base_url: str, api_key: str = "", requests: int = 8):
         self.name = spec.removeprefix(PREFIX)
         self.client = EnvsClient(base_url, api_key=api_key or None)
-        self.pool = ThreadPoolExecutor(max_workers=concurrency, thread_name_prefix="ors")
+        self.pool = ThreadPoolExecutor(max_workers=requests, thread_name_prefix="ors")
 
     def batch(self) -> OrsBatch:
         return OrsBatch(self.client, self.name, self.pool)

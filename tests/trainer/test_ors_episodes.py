@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from arbiter.envs import Session
 from arbiter.errors import ArbiterError
 from arbiter.proto.components import ScoreGroup
 from arbiter.trainer.data import Problem
@@ -83,7 +84,8 @@ def test_the_episodes_are_deleted_once_their_rewards_are_in(ors: OrsEnvironments
     batch.reset(problems(3))
     batch.step({i: ("<answer>0</answer>", True) for i in range(3)})
     batch.rewards().result(timeout=60)
-    sessions = [s for s in map(batch.session, range(3)) if s is not None]
+    sids = [sid for sid in map(batch.sid, range(3)) if sid is not None]
+    sessions = [Session(ors.client, "calculator", sid) for sid in sids]
     assert len(sessions) == 3
     deadline = time.monotonic() + 30
     gone: set[str] = set()
