@@ -11,15 +11,23 @@ previous answer. Here each route is the ORS call of the same episode, through
 - ``seed_session``: ``create_session`` + ``create``; the task is the row's ``task_spec``
   object, else the row's own task fields (``question`` and ``answer`` or
   ``expected_answer``; ``prompt``, ``entry_point``, ``tests``, ``hidden_tests``), else
-  ``split`` and ``index``. The ORS session id is the ``arbiter_env_session`` cookie.
+  ``split`` and ``index``. The ORS session id is the ``arbiter_env_session`` cookie. A typed
+  seed (an Environment Server's ``ResourcesSeedSessionRequest``: ``resources_session_id``,
+  ``episode_id``, ``task_id``, the row as ``task_data``) answers its id back, and is
+  idempotent: its episode's sid is derived from the id (``nemo_sessions``).
 - ``/{tool}``: the ORS tool call; answered with its result as JSON (``{"ok": true,
   "output": ToolOutput}`` or ``{"ok": false, "error", "reason"}``).
 - ``verify``: the episode's reward. If a tool call finished the episode, its output
-  (remembered in the state Redis for ``DONE_TTL_S``, else in this process); otherwise the
+  (remembered in the state Redis for a day, else in this process); otherwise the
   response's final text is submitted with the environment's ``submit`` tool. A reward that
   could not be computed is ``mask_sample: true`` with ``failure_kind`` and
   ``failure_reason`` (NeMo Gym's vocabulary), never a silent 0.
-- ``close_session``: ``delete``.
+- ``close_session``: ``delete``; typed (``ResourcesCloseSessionRequest``), it answers the id
+  back whether the session is open, closed or was never seeded, and the id stays closed: a
+  seed after it is 409 ``session_closed``, as NeMo Gym's session checker requires of a
+  server that keeps state.
+- ``aggregate_metrics``: NeMo Gym's default aggregation of a run's verify responses
+  (``nemo_metrics``); ``reverify_mode``: ``unsupported``, since a reward is the episode's.
 
 NeMo Gym reaches a server by host and port only, so a resources server of a few lines
 forwards these routes to the gateway (docs/services/environments.md).
@@ -27,13 +35,14 @@ forwards these routes to the gateway (docs/services/environments.md).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections import OrderedDict
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Body, Cookie, Request
-from redis.exceptions import RedisError
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
 from arbiter.envs import sse_events
@@ -41,16 +50,26 @@ from arbiter.errors import ArbiterError, BadRequest, BadResponse, from_response
 from arbiter.keys import Principal
 from arbiter.proto.compat import NemoGymVerifyRequest, NemoGymVerifyResponse
 from arbiter.proto.envs import SESSION_HEADER
+from arbiter.proto.nemo_gym import (
+    NemoGymAggregateMetrics,
+    NemoGymAggregateMetricsRequest,
+    NemoGymCloseSession,
+    NemoGymCloseSessionResponse,
+    NemoGymSeedSession,
+    NemoGymSeedSessionResponse,
+    ReverifyMode,
+)
 from arbiter.services.common.app import ERROR_RESPONSES
 from arbiter.services.common.responses import JSONBody
 from arbiter.services.gateway.auth import principal
 from arbiter.services.gateway.compat import NEMO_GYM_KINDS
 from arbiter.services.gateway.compat_text import nemo_gym_texts
 from arbiter.services.gateway.envs_proxy import EnvsProxy
+from arbiter.services.gateway.nemo_metrics import aggregate
+from arbiter.services.gateway.nemo_sessions import Done, Sessions, closed_error, sid_of
 from arbiter.services.gateway.routes import AUTH_RESPONSES
 
 COOKIE = "arbiter_env_session"
-DONE_TTL_S = 24 * 3600
 TASK_FIELDS = ("question", "answer", "id", "prompt", "entry_point", "tests", "hidden_tests")
 JSON = {"content-type": "application/json"}
 
@@ -58,9 +77,17 @@ router = APIRouter(
     prefix="/nemo-gym/envs", tags=["environments (NeMo Gym)"], responses=ERROR_RESPONSES
 )
 SessionCookie = Annotated[str | None, Cookie(alias=COOKIE, description="From seed_session.")]
-Row = Annotated[dict[str, Any], Body(description="The dataset row (NeMo Gym's run request).")]
+SeedBody = Annotated[
+    NemoGymSeedSession | dict[str, Any],
+    Body(description="An Environment Server's typed seed, or the dataset row (an agent's)."),
+]
+CloseBody = Annotated[
+    NemoGymCloseSession | dict[str, Any] | None,
+    Body(description="An Environment Server's typed close; without it, the cookie's episode."),
+]
 Args = Annotated[dict[str, Any], Body(description="The function call's arguments.")]
-_local_done: OrderedDict[str, bytes] = OrderedDict()  # without a state Redis: this process's
+THREAD_RESPONSES = 512  # aggregate this many verify responses or more off the event loop
+M = TypeVar("M", bound=BaseModel)
 
 
 def task_of(row: dict[str, Any]) -> dict[str, Any]:
@@ -115,54 +142,66 @@ def _need(sid: str | None) -> str:
     return sid
 
 
-class Done:
-    """Finished episodes' outputs, by team and session (the state Redis, else in process)."""
-
-    def __init__(self, request: Request, team: str, sid: str):
-        self.redis = request.app.state.teams.redis
-        self.key = f"arb:nemo-envs:v1:{team}:{sid}"
-
-    async def put(self, output: bytes) -> None:
-        if self.redis is not None:
-            try:
-                await self.redis.set(self.key, output, ex=DONE_TTL_S)
-                return
-            except (RedisError, OSError, TimeoutError):
-                pass
-        _local_done[self.key] = output
-        while len(_local_done) > 10_000:
-            _local_done.popitem(last=False)
-
-    async def get(self) -> bytes | None:
-        if self.redis is not None:
-            try:
-                found: bytes | None = await self.redis.get(self.key)
-                if found is not None:
-                    return found
-            except (RedisError, OSError, TimeoutError):
-                pass
-        return _local_done.get(self.key)
-
-    async def forget(self) -> None:
-        _local_done.pop(self.key, None)
-        if self.redis is not None:
-            with contextlib.suppress(RedisError, OSError, TimeoutError):
-                await self.redis.delete(self.key)
+def _typed(model: type[M], body: M | dict[str, Any] | None) -> M | None:
+    """The body as NeMo Gym's typed ``model`` when it names a ``resources_session_id``
+    (422 naming the bad field when it is not one), else None: a legacy body."""
+    if isinstance(body, model):
+        return body
+    if not isinstance(body, dict) or "resources_session_id" not in body:
+        return None
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]
+        ) from None
 
 
-@router.post("/{env_name}/seed_session", responses=AUTH_RESPONSES, summary="NeMo Gym: start")
-async def seed_session(env_name: str, request: Request, row: Row) -> Response:
+@router.post(
+    "/{env_name}/seed_session",
+    response_model=NemoGymSeedSessionResponse | dict[str, Any],
+    responses=AUTH_RESPONSES,
+    summary="NeMo Gym: start",
+)
+async def seed_session(env_name: str, request: Request, body: SeedBody) -> Response:
     who = principal(request)
-    created = await _post(request, who, "create_session", None)
-    sid = next(
-        (d.strip() for e, d in sse_events(bytes(created.body).decode()) if e == "task_id"), ""
-    )
-    if not sid:
-        raise BadResponse("the envs service answered create_session without a session id")
-    await _post(request, who, "create", {"env_name": env_name, **task_of(row)}, sid)
-    answer = JSONBody(b"{}")
+    seed = _typed(NemoGymSeedSession, body)
+    if seed is None:  # an agent's: the row, a new episode, {} with its cookie
+        assert isinstance(body, dict)
+        created = await _post(request, who, "create_session", None)
+        events = sse_events(bytes(created.body).decode())
+        sid = next((d.strip() for e, d in events if e == "task_id"), "")
+        if not sid:
+            raise BadResponse("the envs service answered create_session without a session id")
+        await _post(request, who, "create", {"env_name": env_name, **task_of(body)}, sid)
+        answer = JSONBody(b"{}")
+    else:
+        sid = await _seed_typed(request, who, env_name, seed)
+        rsid = seed.resources_session_id
+        answer = JSONBody(NemoGymSeedSessionResponse(resources_session_id=rsid))
     answer.set_cookie(COOKIE, sid, httponly=True, samesite="strict")
     return answer
+
+
+async def _seed_typed(
+    request: Request, who: Principal, env_name: str, seed: NemoGymSeedSession
+) -> str:
+    """The episode of a typed seed, opened once however often it is seeded; its sid."""
+    create = {"env_name": env_name, **task_of(seed.task_data)}
+    sessions = Sessions(request, who.team)
+    await sessions.seed(env_name, seed)  # 409 when closed or seeded for another episode
+    sid = sid_of(seed.resources_session_id)
+    try:
+        await _post(request, who, "create", create, sid)
+    except BadRequest as exc:
+        if exc.code != "session_exists":  # else this seed's episode is open already
+            raise
+    if await sessions.is_closed(seed.resources_session_id):
+        # closed while it opened: the close's delete may have come first, so delete again
+        with contextlib.suppress(ArbiterError):  # else it expires with its idle TTL
+            await _post(request, who, "delete", None, sid)
+        raise closed_error(seed.resources_session_id)
+    return sid
 
 
 @router.post("/{env_name}/verify", responses=AUTH_RESPONSES, summary="NeMo Gym: the reward")
@@ -225,13 +264,55 @@ async def _submit_field(request: Request, env_name: str) -> str:
     raise BadRequest(f"env_name: {env_name} has no submit tool", param="env_name")
 
 
-@router.post("/{env_name}/close_session", responses=AUTH_RESPONSES, summary="NeMo Gym: end")
-async def close_session(env_name: str, request: Request, sid: SessionCookie = None) -> JSONBody:
+@router.post(
+    "/{env_name}/close_session",
+    response_model=NemoGymCloseSessionResponse | dict[str, Any],
+    responses=AUTH_RESPONSES,
+    summary="NeMo Gym: end",
+)
+async def close_session(
+    env_name: str, request: Request, body: CloseBody = None, sid: SessionCookie = None
+) -> JSONBody:
     who = principal(request)
+    close = _typed(NemoGymCloseSession, body)
+    if close is not None:  # closed first, so a seed racing this close finds it closed
+        await Sessions(request, who.team).close(close.resources_session_id, close.episode_id)
+        sid = sid_of(close.resources_session_id)
     sid = _need(sid)
     await Done(request, who.team, sid).forget()
-    await _post(request, who, "delete", None, sid)
-    return JSONBody(b"{}")
+    await _post(request, who, "delete", None, sid)  # fails (retry the close) or deleted
+    if close is None:
+        return JSONBody(b"{}")
+    return JSONBody(NemoGymCloseSessionResponse(resources_session_id=close.resources_session_id))
+
+
+@router.post(
+    "/{env_name}/aggregate_metrics",
+    response_model=NemoGymAggregateMetrics,
+    responses=AUTH_RESPONSES,
+    summary="NeMo Gym: a run's metrics",
+)
+async def aggregate_metrics(
+    env_name: str, request: Request, body: NemoGymAggregateMetricsRequest
+) -> JSONBody:
+    """NeMo Gym's default aggregation of the run's verify responses (``nemo_metrics``)."""
+    principal(request)
+    responses = body.verify_responses
+    if len(responses) < THREAD_RESPONSES:
+        return JSONBody(aggregate(responses))
+    return JSONBody(await asyncio.to_thread(aggregate, responses))
+
+
+@router.get(
+    "/{env_name}/reverify_mode",
+    response_model=ReverifyMode,
+    responses=AUTH_RESPONSES,
+    summary="NeMo Gym: can verify run again",
+)
+async def reverify_mode(env_name: str) -> JSONBody:
+    """``unsupported``: a reward is its episode's (a submit call may have finished it), so a
+    saved rollout's verify request alone cannot score it again."""
+    return JSONBody(json.dumps(ReverifyMode.UNSUPPORTED.value).encode())
 
 
 @router.post("/{env_name}/{tool}", responses=AUTH_RESPONSES, summary="NeMo Gym: a tool call")
