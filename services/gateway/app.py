@@ -27,6 +27,7 @@ from arbiter.services.gateway.envs_proxy import EnvsProxy
 from arbiter.services.gateway.fanout import ComponentClient
 from arbiter.services.gateway.lifecycle import Lifecycle
 from arbiter.services.gateway.nemo_envs import router as nemo_envs_router
+from arbiter.services.gateway.ors import OneLeadingSlash, prefixed_router
 from arbiter.services.gateway.ors import router as ors_router
 from arbiter.services.gateway.ors_batch import router as ors_batch_router
 from arbiter.services.gateway.recipes import RecipeBook
@@ -116,13 +117,17 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     )
     app.include_router(compat_router, responses=AUTH_RESPONSES)  # other frameworks' shapes
     app.include_router(ors_batch_router)  # many episodes' calls in one request
-    app.include_router(ors_router)  # environments over the Open Reward Standard
-    app.include_router(nemo_envs_router)  # the same, as NeMo Gym resources servers
+    app.include_router(nemo_envs_router)  # environments as NeMo Gym resources servers
+    # the same over the Open Reward Standard, at the root (ORS clients drop a base URL's
+    # path) and under /ors; last, so the gateway's own paths are matched first
+    app.include_router(prefixed_router)
+    app.include_router(ors_router)
     app.add_exception_handler(RequestValidationError, _validation_handler)
     # Keys are checked right inside the timing middleware (401s are timed), before the
     # limits middleware reads a byte of the body.
     timing = next(i for i, m in enumerate(app.user_middleware) if m.cls is TimingMiddleware)
     app.user_middleware.insert(timing + 1, Middleware(AuthMiddleware, store=keys))
+    app.add_middleware(OneLeadingSlash)
     return app
 
 
