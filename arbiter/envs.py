@@ -20,44 +20,49 @@ call is answered from the first try's answer instead of running twice.
 A tool's answer is the ORS ``ToolOutput`` (``reward`` is None until the episode's reward
 is computed; ``metadata`` holds its breakdown). A tool call the environment refused (an
 unknown tool, bad input, an episode already finished) raises ``ToolRefused`` (422, not
-retried); an error the server reports inside the SSE body raises ``Unavailable``.
+retried); an error the server reports inside the SSE body raises ``Unavailable``, and a
+call that did not answer (the stream's ``: arbiter-error`` comment) the error it reports.
 """
 
 from __future__ import annotations
 
-import uuid
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
 from arbiter.client import ArbiterClient
+from arbiter.envs_wire import (
+    CALLED,
+    CREATED,
+    DELETED,
+    TASKS,
+    TOOLS,
+    BatchItem,
+    ToolRefused,
+    batch_body,
+    called,
+    check,
+    create_body,
+    idem,
+    new_sid,
+    opened,
+    parse,
+    tool_output,
+)
 from arbiter.errors import (
-    MAX_MESSAGE_CHARS,
     ArbiterError,
-    BadResponse,
-    Unavailable,
-    Unprocessable,
-    from_response,
 )
 from arbiter.proto.envs import (
     SESSION_HEADER,
-    BatchCalled,
-    BatchCallResult,
-    BatchCreated,
-    BatchDeleted,
-    BatchOpened,
-    ListToolsOutput,
     RunToolError,
     RunToolSuccess,
     Split,
-    TasksOutput,
     TextBlock,
     ToolOutput,
     ToolSpec,
 )
-from arbiter.proto.errors import ErrorResponse
 from arbiter.retry import RetryPolicy
 
 __all__ = ["AsyncEnvsClient", "AsyncSession", "EnvsClient", "Session", "ToolRefused"]
@@ -68,125 +73,6 @@ _RESULT: TypeAdapter[RunToolSuccess | RunToolError] = TypeAdapter(RunToolSuccess
 _NAMES: TypeAdapter[list[str]] = TypeAdapter(list[str])
 _SPLITS: TypeAdapter[list[Split]] = TypeAdapter(list[Split])
 _BLOCKS: TypeAdapter[list[TextBlock]] = TypeAdapter(list[TextBlock])
-_TOOLS = TypeAdapter(ListToolsOutput)
-_TASKS = TypeAdapter(TasksOutput)
-_CREATED = TypeAdapter(BatchCreated)
-_CALLED = TypeAdapter(BatchCalled)
-_DELETED = TypeAdapter(BatchDeleted)
-# a batch's tool call: (sid, env_name, tool, its input)
-BatchItem = tuple[str, str, str, dict[str, Any]]
-T = TypeVar("T")
-
-
-class ToolRefused(Unprocessable):
-    """The environment refused a tool call (ORS ``ok: false``); ``code`` is its reason."""
-
-
-def _idem() -> dict[str, str]:
-    return {"Idempotency-Key": str(uuid.uuid4())}
-
-
-def _check(r: httpx.Response) -> httpx.Response:
-    if r.status_code != 200:
-        raise from_response(r.status_code, r.content, source="envs")
-    return r
-
-
-def _parse(adapter: TypeAdapter[T], r: httpx.Response) -> T:
-    try:
-        return adapter.validate_json(_check(r).content)
-    except ValidationError as exc:
-        where = f"HTTP 200 from {r.request.url}"
-        raise BadResponse(f"{where}: not the ORS answer: {exc}"[:MAX_MESSAGE_CHARS]) from exc
-
-
-def sse_events(text: str) -> list[tuple[str, str]]:
-    """The (event, data) pairs of an SSE body, in order (comments and ids skipped)."""
-    out: list[tuple[str, str]] = []
-    event, lines = "", []
-    for line in [*text.splitlines(), ""]:
-        if line:
-            name, _, value = line.partition(":")
-            value = value.removeprefix(" ")
-            if name == "event":
-                event = value
-            elif name == "data":
-                lines.append(value)
-            continue
-        if event or lines:
-            out.append((event or "message", "\n".join(lines)))
-        event, lines = "", []
-    return out
-
-
-def new_sid(r: httpx.Response) -> str:
-    """The session id of ``POST /create_session``'s answer (ORS: its ``task_id`` event)."""
-    for event, data in sse_events(_check(r).text):
-        if event == "task_id" and data.strip():
-            return data.strip()
-    raise BadResponse(f"{r.request.url}: no task_id event with the session id")
-
-
-def tool_output(r: httpx.Response) -> ToolOutput:
-    """A tool call's ORS SSE body as its ``ToolOutput`` (see the module docstring)."""
-    data: list[str] = []
-    for event, value in sse_events(_check(r).text):
-        if event == "error":
-            raise Unavailable(f"the environment failed: {value}"[:MAX_MESSAGE_CHARS])
-        if event in ("chunk", "end"):
-            data.append(value)
-        if event == "end":
-            break
-    else:
-        raise BadResponse(f"{r.request.url}: the SSE body has no end event")
-    try:
-        result = _RESULT.validate_json("".join(data))
-    except ValidationError as exc:
-        raise BadResponse(f"{r.request.url}: not a ToolOutput: {exc}"[:MAX_MESSAGE_CHARS]) from exc
-    if isinstance(result, RunToolError):
-        raise ToolRefused(result.error, code=result.reason or "tool_refused")
-    return result.output
-
-
-def _create_body(
-    env: str, task_spec: dict[str, Any] | None, split: str | None, index: int | None
-) -> dict[str, Any]:
-    if (task_spec is None) == (split is None or index is None):
-        raise ValueError("give either task_spec, or split and index")
-    if task_spec is not None:
-        return {"env_name": env, "task_spec": task_spec}
-    return {"env_name": env, "split": split, "index": index}
-
-
-def _failed(status: int, error: Any) -> ArbiterError:
-    return from_response(status, ErrorResponse(error=error).model_dump_json(), source="envs")
-
-
-def _opened(item: BatchOpened) -> str | ArbiterError:
-    if item.sid is not None:
-        return item.sid
-    if item.failed is None:
-        return BadResponse("a batch item with neither sid nor failed")
-    return _failed(item.failed.status, item.failed.error)
-
-
-def _called(item: BatchCallResult) -> ToolOutput | ArbiterError:
-    """One item of a batch's answer as ``Session.call`` returns or raises it."""
-    if item.failed is not None:
-        return _failed(item.failed.status, item.failed.error)
-    if isinstance(item.result, RunToolError):
-        return ToolRefused(item.result.error, code=item.result.reason or "tool_refused")
-    if item.result is None:
-        return BadResponse("a batch item with neither result nor failed")
-    return item.result.output
-
-
-def _batch_body(op: str, items: list[Any], env: str = "") -> dict[str, Any]:
-    if op == "create":
-        return {"episodes": [{"env_name": env, "task_spec": spec} for spec in items]}
-    if op == "call":
-        return {"calls": [{"sid": s, "env_name": e, "name": n, "input": a} for s, e, n, a in items]}
-    return {"sids": items}
 
 
 class _Base:
@@ -219,17 +105,17 @@ class EnvsClient(_Base):
 
     def environments(self) -> list[str]:
         """The environments served (``GET /list_environments``)."""
-        return _parse(_NAMES, self._req("GET", "list_environments"))
+        return parse(_NAMES, self._req("GET", "list_environments"))
 
     def tools(self, env: str) -> list[ToolSpec]:
-        return _parse(_TOOLS, self._req("GET", f"{env}/tools")).tools
+        return parse(TOOLS, self._req("GET", f"{env}/tools")).tools
 
     def splits(self, env: str) -> list[Split]:
-        return _parse(_SPLITS, self._req("GET", f"{env}/splits"))
+        return parse(_SPLITS, self._req("GET", f"{env}/splits"))
 
     def tasks(self, env: str, split: str = "test") -> list[dict[str, Any]]:
         r = self._req("POST", f"{env}/tasks", json={"split": split})
-        return _parse(_TASKS, r).tasks
+        return parse(TASKS, r).tasks
 
     def session(
         self,
@@ -241,33 +127,33 @@ class EnvsClient(_Base):
     ) -> Session:
         """A new episode of ``env`` on ``task_spec`` (or the task at ``split``/``index``);
         ended (``/delete``) when its ``with`` block ends, or by ``close()``."""
-        body = _create_body(env, task_spec, split, index)
-        sid = new_sid(self._req("POST", "create_session", headers=_idem()))
-        _check(self._req("POST", "create", json=body, headers={SESSION_HEADER: sid, **_idem()}))
+        body = create_body(env, task_spec, split, index)
+        sid = new_sid(self._req("POST", "create_session", headers=idem()))
+        check(self._req("POST", "create", json=body, headers={SESSION_HEADER: sid, **idem()}))
         return Session(self, env, sid)
 
     # ---- Arbiter's batch routes: many episodes' calls in one request, each item answered
     # (or its error returned) in its place, as the one-call methods return or raise it
 
     def _batch(self, op: str, items: list[Any], env: str = "") -> httpx.Response:
-        body = _batch_body(op, items, env)
+        body = batch_body(op, items, env)
         return self.http._request(
-            "POST", f"{BATCH_PATH}/{op}", self.http.retry, json=body, headers=_idem()
+            "POST", f"{BATCH_PATH}/{op}", self.http.retry, json=body, headers=idem()
         )
 
     def open_many(self, env: str, task_specs: list[dict[str, Any]]) -> list[str | ArbiterError]:
         """Episodes of ``env`` on ``task_specs``, opened at once: their sids."""
         r = self._batch("create", task_specs, env)
-        return [_opened(x) for x in _parse(_CREATED, r).results]
+        return [opened(x) for x in parse(CREATED, r).results]
 
     def call_many(self, calls: list[BatchItem]) -> list[ToolOutput | ArbiterError]:
         """Tool calls on distinct episodes at once: each one's ``ToolOutput``, or its error
         (``ToolRefused`` when the environment refused it)."""
-        return [_called(x) for x in _parse(_CALLED, self._batch("call", calls)).results]
+        return [called(x) for x in parse(CALLED, self._batch("call", calls)).results]
 
     def delete_many(self, sids: list[str]) -> int:
         """Episodes ended at once: how many were open."""
-        return _parse(_DELETED, self._batch("delete", sids)).deleted
+        return parse(DELETED, self._batch("delete", sids)).deleted
 
     def close(self) -> None:
         self.http.close()
@@ -288,20 +174,20 @@ class Session:
 
     def _req(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         headers = {SESSION_HEADER: self.sid, **kwargs.pop("headers", {})}
-        return _check(self.client._req(method, path, headers=headers, **kwargs))
+        return check(self.client._req(method, path, headers=headers, **kwargs))
 
     def prompt(self) -> list[TextBlock]:
-        return _parse(_BLOCKS, self._req("GET", f"{self.env}/prompt"))
+        return parse(_BLOCKS, self._req("GET", f"{self.env}/prompt"))
 
     def call(self, tool: str, **args: Any) -> ToolOutput:
         """Run ``tool`` with ``args``: its ``ToolOutput`` (reward and finished included)."""
         body = {"name": tool, "input": args}
-        return tool_output(self._req("POST", f"{self.env}/call", json=body, headers=_idem()))
+        return tool_output(self._req("POST", f"{self.env}/call", json=body, headers=idem()))
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            self._req("POST", "delete", headers=_idem())
+            self._req("POST", "delete", headers=idem())
 
     def __enter__(self) -> Session:
         return self
@@ -319,17 +205,17 @@ class AsyncEnvsClient(_Base):
         return await self.http._arequest(*self._args(method, path), **kwargs)
 
     async def environments(self) -> list[str]:
-        return _parse(_NAMES, await self._req("GET", "list_environments"))
+        return parse(_NAMES, await self._req("GET", "list_environments"))
 
     async def tools(self, env: str) -> list[ToolSpec]:
-        return _parse(_TOOLS, await self._req("GET", f"{env}/tools")).tools
+        return parse(TOOLS, await self._req("GET", f"{env}/tools")).tools
 
     async def splits(self, env: str) -> list[Split]:
-        return _parse(_SPLITS, await self._req("GET", f"{env}/splits"))
+        return parse(_SPLITS, await self._req("GET", f"{env}/splits"))
 
     async def tasks(self, env: str, split: str = "test") -> list[dict[str, Any]]:
         r = await self._req("POST", f"{env}/tasks", json={"split": split})
-        return _parse(_TASKS, r).tasks
+        return parse(TASKS, r).tasks
 
     def session(
         self,
@@ -340,25 +226,25 @@ class AsyncEnvsClient(_Base):
         index: int | None = None,
     ) -> AsyncSession:
         """``async with envs.session(...) as episode``: created on entry, ended on exit."""
-        return AsyncSession(self, env, _create_body(env, task_spec, split, index))
+        return AsyncSession(self, env, create_body(env, task_spec, split, index))
 
     async def _batch(self, op: str, items: list[Any], env: str = "") -> httpx.Response:
-        body = _batch_body(op, items, env)
+        body = batch_body(op, items, env)
         return await self.http._arequest(
-            "POST", f"{BATCH_PATH}/{op}", self.http.retry, json=body, headers=_idem()
+            "POST", f"{BATCH_PATH}/{op}", self.http.retry, json=body, headers=idem()
         )
 
     async def open_many(
         self, env: str, task_specs: list[dict[str, Any]]
     ) -> list[str | ArbiterError]:
         r = await self._batch("create", task_specs, env)
-        return [_opened(x) for x in _parse(_CREATED, r).results]
+        return [opened(x) for x in parse(CREATED, r).results]
 
     async def call_many(self, calls: list[BatchItem]) -> list[ToolOutput | ArbiterError]:
-        return [_called(x) for x in _parse(_CALLED, await self._batch("call", calls)).results]
+        return [called(x) for x in parse(CALLED, await self._batch("call", calls)).results]
 
     async def delete_many(self, sids: list[str]) -> int:
-        return _parse(_DELETED, await self._batch("delete", sids)).deleted
+        return parse(DELETED, await self._batch("delete", sids)).deleted
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -379,28 +265,28 @@ class AsyncSession:
         self.closed = False
 
     async def open(self) -> AsyncSession:
-        r = await self.client._req("POST", "create_session", headers=_idem())
+        r = await self.client._req("POST", "create_session", headers=idem())
         self.sid = new_sid(r)
-        await self._req("POST", "create", json=self.body, headers=_idem())
+        await self._req("POST", "create", json=self.body, headers=idem())
         return self
 
     async def _req(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         assert self.sid is not None, "open() the session first (or use async with)"
         headers = {SESSION_HEADER: self.sid, **kwargs.pop("headers", {})}
-        return _check(await self.client._req(method, path, headers=headers, **kwargs))
+        return check(await self.client._req(method, path, headers=headers, **kwargs))
 
     async def prompt(self) -> list[TextBlock]:
-        return _parse(_BLOCKS, await self._req("GET", f"{self.env}/prompt"))
+        return parse(_BLOCKS, await self._req("GET", f"{self.env}/prompt"))
 
     async def call(self, tool: str, **args: Any) -> ToolOutput:
         body = {"name": tool, "input": args}
-        r = await self._req("POST", f"{self.env}/call", json=body, headers=_idem())
+        r = await self._req("POST", f"{self.env}/call", json=body, headers=idem())
         return tool_output(r)
 
     async def close(self) -> None:
         if self.sid is not None and not self.closed:
             self.closed = True
-            await self._req("POST", "delete", headers=_idem())
+            await self._req("POST", "delete", headers=idem())
 
     async def __aenter__(self) -> AsyncSession:
         return await self.open()

@@ -45,7 +45,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import BaseModel, ValidationError
 from starlette.responses import Response
 
-from arbiter.envs import sse_events
+from arbiter.envs_wire import sse_events
 from arbiter.errors import ArbiterError, BadRequest, BadResponse, from_response
 from arbiter.keys import Principal
 from arbiter.proto.compat import NemoGymVerifyRequest, NemoGymVerifyResponse

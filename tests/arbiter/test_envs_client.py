@@ -19,7 +19,8 @@ from typing import Any, ClassVar
 import httpx
 import pytest
 
-from arbiter.envs import EnvsClient, ToolRefused, sse_events, tool_output
+from arbiter.envs import EnvsClient, ToolRefused
+from arbiter.envs_wire import sse_events, tool_output
 from arbiter.errors import BadResponse, Unavailable
 from arbiter.retry import RetryPolicy
 

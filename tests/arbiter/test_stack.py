@@ -63,7 +63,9 @@ def test_up_once_scores_samples_and_stops_everything(tmp_path: Path, gsm8k_dir: 
         assert f"Z {name} INFO uvicorn.error: Application startup complete." in log, log
 
 
-def test_up_serves_the_ors_clients_and_stops_every_child_on_sigterm(tmp_path: Path, gsm8k_dir: Path) -> None:
+def test_up_serves_the_ors_clients_and_stops_every_child_on_sigterm(
+    tmp_path: Path, gsm8k_dir: Path
+) -> None:
     argv, ports = _up_argv(tmp_path, gsm8k_dir, "--no-embedding")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None

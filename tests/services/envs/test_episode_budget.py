@@ -18,6 +18,8 @@ from tests.conftest import start_redis
 from tests.services.envs.conftest import Episodes, start_envs
 
 BUDGET, TTL_S = 64 * 1024, 3
+
+
 @pytest.fixture(scope="module")
 def envs(log_dir: Path, verify_url: str) -> Iterator[str]:
     redis, redis_url = start_redis(log_dir)
@@ -30,7 +32,7 @@ def envs(log_dir: Path, verify_url: str) -> Iterator[str]:
 
 def open_until_refused(e: Episodes) -> list[str]:
     """The sids a team opened until its create was refused (asserted to be the budget)."""
-    sids = []
+    sids: list[str] = []
     for _ in range(10):
         sid = e.new_sid()
         body = {"env_name": "math", "task_spec": {"question": "x" * 20_000, "answer": "1"}}
