@@ -24,19 +24,20 @@ call, 512 episodes' 2,500 requests a step held it for seconds (``bench.trainer.o
 measures it). The submits and the deletes leave the rollout's critical path: an episode's
 submit is sent when it ends (with the others ending that turn) and the rewards are a future
 the trainer waits for with the other rewards (the next batch samples meanwhile); the deletes
-follow the rewards. A call the service could not answer (unavailable, timed out after
+follow the submits. A call the service could not answer (unavailable, timed out after
 retries) makes that episode's reward null with its reason: masked, never 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
 from arbiter.envs import EnvsClient, ToolRefused
 from arbiter.errors import ArbiterError
-from arbiter.proto.envs import MAX_BATCH, ToolOutput
+from arbiter.proto.envs import ToolOutput
 from arbiter.proto.gateway import ScoreGroup
 from arbiter.trainer.data import Problem
 from arbiter.trainer.env import CALC_CALL, CalculatorEnv, Step
@@ -64,8 +65,18 @@ class OrsBatch:
 
     stop_strings = CalculatorEnv.stop_strings
 
-    def __init__(self, client: EnvsClient, name: str, pool: ThreadPoolExecutor, chunk: int = CHUNK):
-        self.client, self.name, self.pool, self.chunk = client, name, pool, chunk
+    def __init__(
+        self,
+        client: EnvsClient,
+        name: str,
+        pool: ThreadPoolExecutor,
+        background: ThreadPoolExecutor,
+        chunk: int = CHUNK,
+    ):
+        self.client, self.name, self.chunk = client, name, chunk
+        # the rollout waits on ``pool`` (opens, calculator calls), never on ``background``
+        # (submits, deletes), whose requests then never queue ahead of the next batch's opens
+        self.pool, self.background = pool, background
         self.opening: list[Future[list[str | ArbiterError]]] = []  # one per chunk of episodes
         self.texts: list[str] = []
         # episodes whose reward is null already: never opened, or a call the service failed
@@ -153,24 +164,28 @@ class OrsBatch:
         new = [i for i in episodes if i not in self.ended]
         self.ended.update(new)
         for part in _chunks(new, self.chunk):
-            self.submits.append((part, self.pool.submit(self._submit, part)))
+            self.submits.append((part, self.background.submit(self._submit, part)))
 
     def _submit(self, part: list[int]) -> list[EnvReward]:
+        """The episodes' submits, then (their rewards in) the episodes deleted: an episode
+        open holds its bytes of the team's budget, which every ``/create`` adds up."""
+        sids = {i: sid for i in part if (sid := self.sid(i)) is not None}
         live = [
-            (i, sid, {"answer": self.texts[i]})
-            for i in part
-            if i not in self.null and (sid := self.sid(i)) is not None
+            (i, sid, {"answer": self.texts[i]}) for i, sid in sids.items() if i not in self.null
         ]
         got: dict[int, EnvReward] = {}
         if live:
             done = self._calls("submit", [(sid, args) for _, sid, args in live])
             for (i, _, _), out in zip(live, done, strict=True):
                 got[i] = _reward(out)
+        if sids:
+            with contextlib.suppress(ArbiterError):  # else left to the episodes' idle TTL
+                self.client.delete_many(list(sids.values()))
         return [got.get(i) or self.null[i] for i in part]
 
     def rewards(self) -> Future[list[EnvReward]]:
         """Every episode's reward once its submit has answered (an episode still going after
-        the last turn is submitted now); then the episodes are deleted, not waited for."""
+        the last turn is submitted now)."""
         n = len(self.texts)
         self._end(list(range(n)))
         submits = list(self.submits)
@@ -179,18 +194,9 @@ class OrsBatch:
             got: dict[int, EnvReward] = {}
             for part, f in submits:
                 got.update(zip(part, f.result(), strict=True))
-            self.pool.submit(self._delete)
             return [got[i] for i in range(n)]
 
         return _COLLECTOR.submit(collect)
-
-    def _delete(self) -> None:
-        sids = [s for f in self.opening for s in f.result() if isinstance(s, str)]
-        for k in range(0, len(sids), MAX_BATCH):
-            try:
-                self.client.delete_many(sids[k : k + MAX_BATCH])
-            except ArbiterError:  # left to the episodes' idle TTL
-                continue
 
 
 def _reward(got: ToolOutput | ArbiterError) -> EnvReward:
@@ -207,18 +213,21 @@ _COLLECTOR = ThreadPoolExecutor(max_workers=2, thread_name_prefix="ors-rewards")
 
 class OrsEnvironments:
     """``env=ors:<name>``: a client and a few threads for the run (``requests``: batch
-    requests in flight at once); ``batch()`` per rollout."""
+    requests in flight at once on the rollout's path, as many for the submits and deletes
+    beside it); ``batch()`` per rollout."""
 
     def __init__(self, spec: str, base_url: str, api_key: str = "", requests: int = 8):
         self.name = spec.removeprefix(PREFIX)
         self.client = EnvsClient(base_url, api_key=api_key or None)
         self.pool = ThreadPoolExecutor(max_workers=requests, thread_name_prefix="ors")
+        self.background = ThreadPoolExecutor(max_workers=requests, thread_name_prefix="ors-bg")
 
     def batch(self) -> OrsBatch:
-        return OrsBatch(self.client, self.name, self.pool)
+        return OrsBatch(self.client, self.name, self.pool, self.background)
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self.pool, self.background):
+            pool.shutdown(wait=False, cancel_futures=True)
         self.client.close()
 
 

@@ -35,9 +35,12 @@ from arbiter.services.envs.calls import UNLOCK, lock_key
 from arbiter.services.envs.serving import TOOL_CALLS, AfterRun, Envs
 from arbiter.services.envs.store import Episode, redis_errors
 
-# Items in flight at once in this process, all requests together: each holds a connection
-# of the state Redis client's pool (100), which the service's other calls use too.
-CONCURRENCY = 32
+# Items in flight at once: each holds a connection of the state Redis client's pool (100,
+# which the service's other calls use too) while it reads or writes. A request runs
+# PER_REQUEST of its items at once, so a batch of slow ones (submits waiting for their
+# scoring) holds no other request's items back; all requests together stay below the pool.
+PER_REQUEST = 16
+CONCURRENCY = 80
 A = TypeVar("A")
 B = TypeVar("B")
 
@@ -54,10 +57,12 @@ def _failed(exc: ArbiterError) -> str:
 async def bounded(
     gate: asyncio.Semaphore, fn: Callable[[A], Awaitable[B]], items: Sequence[A]
 ) -> list[B]:
-    """``fn`` over ``items``, their results in order, as many at once as ``gate`` lets."""
+    """``fn`` over ``items``, their results in order, ``PER_REQUEST`` at once, as many as
+    ``gate`` (the process's) lets."""
+    mine = asyncio.Semaphore(PER_REQUEST)
 
     async def one(item: A) -> B:
-        async with gate:
+        async with mine, gate:
             return await fn(item)
 
     return list(await asyncio.gather(*(one(x) for x in items)))
