@@ -48,7 +48,7 @@ def validate(path: Path) -> list[str]:
     except (OSError, ValueError, yaml.YAMLError) as exc:
         return [f"error {path}: cannot read: {exc}"]
     if isinstance(doc, dict) and "recipes" in doc:
-        from arbiter.services.gateway.recipes import RecipeBook
+        from arbiter.services.scoring.recipes import RecipeBook
 
         try:
             book = RecipeBook(path)

@@ -133,7 +133,7 @@ def test_error_kinds_are_listed(site: Path) -> None:
 
 
 def test_params_tables_list_every_param(site: Path) -> None:
-    from arbiter.services.gateway.recipes import COMPONENTS
+    from arbiter.services.scoring.recipes import COMPONENTS
 
     for spec in COMPONENTS.values():
         text = _page(site, f"services/{spec.service}")

@@ -161,7 +161,7 @@ def trainer_table() -> str:
 
 
 def _components() -> dict[str, Any]:
-    return dict(importlib.import_module("arbiter.services.gateway.recipes").COMPONENTS)
+    return dict(importlib.import_module("arbiter.services.scoring.recipes").COMPONENTS)
 
 
 def components_table() -> str:

@@ -9,7 +9,7 @@ queueing by slot-uses, weighted by ``<PREFIX>_TEAM_WEIGHTS``), then the team's r
 So another team's waiter is admitted after at most one admission per other team with
 waiters, whatever those teams sent or were served before; a team of weight ``w`` gets
 ``w`` times the slot-uses of a team of weight 1 while both wait. With ``per_team`` no
-team holds more than that many slots (the gateway's fan-out: ``gateway.slots``).
+team holds more than that many slots (the scoring core's fan-out: ``scoring.slots``).
 
 A waiter that is cancelled (its request's client went away) leaves the line; one that
 was admitted and then cancelled hands its slot on.

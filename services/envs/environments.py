@@ -37,7 +37,7 @@ from arbiter.services.envs.interpreters import LOST, Handle, Interpreters, shown
 from arbiter.services.envs.rewards import Judged, Rewards
 from arbiter.services.envs.settings import EnvsSettings
 from arbiter.services.envs.tasks import TaskSet
-from arbiter.services.gateway.recipes import ResolvedRecipe, resolve
+from arbiter.services.scoring.recipes import ResolvedRecipe, resolve
 
 MAX_ANSWER = 20_000
 MAX_CODE = 50_000

@@ -1,10 +1,11 @@
-"""Rewards and sandbox runs through the gateway's own scoring path, never a second one.
+"""Rewards and sandbox runs through the scoring core the gateway uses too, never a second one.
 
 A submit is scored as ``/v1/score`` scores a response: a recipe resolved by
-``gateway.recipes``, planned, fanned out to the component services by
-``gateway.fanout.ComponentClient`` (with the team header, in the team's fair share of the
-slots), merged and weighed by ``gateway.scoring.Scorer``. The environments' runs of code
-(``run``, ``run_tests``) are ``code_tests`` calls on the same path.
+``scoring.recipes``, planned, fanned out to the component services by
+``scoring.fanout.ComponentClient`` (with the team header, in the team's fair share of the
+slots), merged and weighed by ``scoring.scoring.Scorer``. The environments' runs of code
+(``run``, ``run_tests``) are ``code_tests`` calls on the same path. The client is built from
+the envs service's own settings (``component_settings``), not the gateway's.
 
 What came back decides the outcome (``Judged``): a component that failed for a reason that
 is not the policy's (the sandbox unreachable or overloaded, a timeout under load) raises
@@ -21,11 +22,11 @@ from arbiter.errors import ArbiterError, Timeout, Unavailable
 from arbiter.proto.components import ScoreGroup
 from arbiter.proto.errors import RETRYABLE_KINDS
 from arbiter.services.envs.settings import EnvsSettings
-from arbiter.services.gateway.cache import NullCache
-from arbiter.services.gateway.fanout import ComponentClient
-from arbiter.services.gateway.recipes import RecipeBook, ResolvedRecipe
-from arbiter.services.gateway.scoring import Scope, Scored, Scorer
-from arbiter.services.gateway.settings import GatewaySettings
+from arbiter.services.scoring.cache import NullCache
+from arbiter.services.scoring.fanout import ComponentClient
+from arbiter.services.scoring.recipes import RecipeBook, ResolvedRecipe
+from arbiter.services.scoring.scoring import Scope, Scored, Scorer
+from arbiter.services.scoring.settings import ComponentSettings
 
 
 @dataclass
@@ -47,22 +48,14 @@ class Judged:
         }
 
 
-def gateway_settings(settings: EnvsSettings) -> GatewaySettings:
-    """The settings the gateway's client needs, from the envs service's own: every field
-    given here, so no GATEWAY_* variable of the host changes how the envs service scores."""
-    return GatewaySettings(
-        verify_url=settings.verify_url,
-        embedding_url=None,
-        judge_url=None,
-        sandbox_url=settings.sandbox_url,
+def component_settings(settings: EnvsSettings) -> ComponentSettings:
+    """What the scoring core reads, from the envs service's own settings (``ENVS_*``):
+    verify and the sandbox, each call within ``ENVS_COMPONENT_TIMEOUT_S``; slots and batch
+    sizes at the core's defaults."""
+    urls = {"verify": settings.verify_url, "sandbox": settings.sandbox_url}
+    return ComponentSettings(
+        service_urls={service: url for service, url in urls.items() if url is not None},
         component_timeout_s=settings.component_timeout_s,
-        component_timeouts={},
-        component_urls={},
-        recipes_file=None,
-        keys_file=None,
-        redis_url=None,
-        state_redis_url=None,
-        cache_enabled=False,
     )
 
 
@@ -72,7 +65,7 @@ class Rewards:
 
     def __init__(self, settings: EnvsSettings):
         self.settings = settings
-        self.client = ComponentClient(gateway_settings(settings))
+        self.client = ComponentClient(component_settings(settings))
         self.scorer = Scorer(NullCache(), self.client)
         self.book = RecipeBook()
 

@@ -20,21 +20,21 @@ from arbiter.services.common.app import (
 )
 from arbiter.services.gateway import grader_api
 from arbiter.services.gateway.auth import AuthMiddleware, KeyStore
-from arbiter.services.gateway.cache import Cache, LRUCache, NullCache, RedisCache
 from arbiter.services.gateway.collector import GroupCollector
 from arbiter.services.gateway.compat import router as compat_router
 from arbiter.services.gateway.envs_proxy import EnvsProxy
-from arbiter.services.gateway.fanout import ComponentClient
 from arbiter.services.gateway.lifecycle import Lifecycle
 from arbiter.services.gateway.nemo_envs import router as nemo_envs_router
 from arbiter.services.gateway.ors import OneLeadingSlash, prefixed_router
 from arbiter.services.gateway.ors import router as ors_router
 from arbiter.services.gateway.ors_batch import router as ors_batch_router
-from arbiter.services.gateway.recipes import RecipeBook
 from arbiter.services.gateway.routes import AUTH_RESPONSES, router
-from arbiter.services.gateway.scoring import Scorer
 from arbiter.services.gateway.settings import GatewaySettings, get_settings
 from arbiter.services.gateway.teams import Teams
+from arbiter.services.scoring.cache import Cache, LRUCache, NullCache, RedisCache
+from arbiter.services.scoring.fanout import ComponentClient
+from arbiter.services.scoring.recipes import RecipeBook
+from arbiter.services.scoring.scoring import Scorer
 
 log = logging.getLogger("arbiter.gateway")
 
@@ -73,7 +73,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         cache = build_cache(settings)
-        client = ComponentClient(settings)
+        client = ComponentClient(settings.components())
         scorer = Scorer(cache, client)
         teams = Teams(settings, keys)
         app.state.settings = settings

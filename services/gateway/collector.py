@@ -29,10 +29,10 @@ from prometheus_client import Histogram
 
 from arbiter.keys import ANONYMOUS
 from arbiter.proto.components import ScoreGroup
-from arbiter.services.gateway.recipes import ResolvedRecipe
 from arbiter.services.gateway.render import group_errors
-from arbiter.services.gateway.scoring import Progress, Scope, Scored, Scorer
 from arbiter.services.gateway.usage import tally
+from arbiter.services.scoring.recipes import ResolvedRecipe
+from arbiter.services.scoring.scoring import Progress, Scope, Scored, Scorer
 
 log = logging.getLogger("arbiter.gateway.compat")
 

@@ -15,7 +15,7 @@ routes, which need no key and carry no team) and, in this order:
    passes only while its sandbox-CPU bucket is above zero (429).
 3. the call goes to ``GATEWAY_ENVS_URL`` with the team in ``X-Arbiter-Team`` (the envs
    service keeps each team's sessions apart by it) within the team's fair share of
-   ``GATEWAY_MAX_CONCURRENCY`` slots (``slots.TeamSlots``) and ``GATEWAY_ENVS_TIMEOUT_S``.
+   ``GATEWAY_MAX_CONCURRENCY`` slots (``scoring.slots.TeamSlots``) and ``GATEWAY_ENVS_TIMEOUT_S``.
    Its answer is relayed: JSON whole; a tool call's SSE stream as it comes
    (``envs_relay.relay``: ``task_id`` first, keep-alives, the result), or whole for a
    caller that wants it so (NeMo Gym's routes).
@@ -68,8 +68,8 @@ from arbiter.services.gateway.envs_relay import (
 )
 from arbiter.services.gateway.idempotency import HEADER, REPLAYED, Claim, Replay, check_key
 from arbiter.services.gateway.settings import GatewaySettings
-from arbiter.services.gateway.slots import TeamSlots
 from arbiter.services.gateway.teams import Teams
+from arbiter.services.scoring.slots import TeamSlots
 
 SESSION_HEADER = "X-Session-ID"
 # Headers of the caller's request the envs service needs, and of its answer the caller gets.

@@ -24,8 +24,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from arbiter.errors import RateLimited, Unprocessable
-from arbiter.services.gateway.cache import REDIS_ERRORS
 from arbiter.services.gateway.quota import _LEVEL, CHARGE_LUA, QUOTA_REJECTIONS, WARNINGS
+from arbiter.services.scoring.cache import REDIS_ERRORS
 
 PERIOD_MS = 60_000
 CALLS, CPU = "tool_calls_per_minute", "sandbox_cpu_s_per_minute"

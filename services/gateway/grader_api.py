@@ -27,13 +27,13 @@ from arbiter.proto.graders import (
     GraderValidateRequest,
     GraderValidateResponse,
 )
-from arbiter.services.gateway.grading import check_items, row_item
 from arbiter.services.gateway.lifecycle import Lifecycle, Ticket
-from arbiter.services.gateway.scoring import Scored
 from arbiter.services.gateway.usage import tally
 from arbiter.services.graders import spec as grader_spec
 from arbiter.services.graders import templating
 from arbiter.services.graders.engine import AnyGrader
+from arbiter.services.scoring.grading import check_items, row_item
+from arbiter.services.scoring.scoring import Scored
 
 COMPONENT = "grader"  # the component's name in the one-component recipe
 

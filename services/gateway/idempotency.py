@@ -42,7 +42,7 @@ from redis.exceptions import RedisError
 
 from arbiter.errors import BadRequest, Conflict, Unprocessable
 from arbiter.services.common.throttle import ThrottledLog
-from arbiter.services.gateway.cache import REDIS_ERRORS
+from arbiter.services.scoring.cache import REDIS_ERRORS
 
 log = logging.getLogger("arbiter.gateway.idempotency")
 WARNINGS = ThrottledLog(log)  # one line per 10 s during a Redis outage, with a count

@@ -10,7 +10,7 @@
    replay re-checks the key's current access); the quota takes the request's responses
    (429/413; the claim is released). The result is a ``Ticket``: who, the recipe, the
    ``Scope`` the work runs in.
-2. **Scoring**: ``Scorer.score(recipe, groups, scope)`` (pure, ``scoring.py``), directly
+2. **Scoring**: ``Scorer.score(recipe, groups, scope)`` (pure, ``services/scoring/``), directly
    for ``/v1/score``, through the group collector for the compat routes.
 3. **Settlement** (``Lifecycle.settle``), exactly once per ticket, whatever happened
    (an answer, an error, the client leaving: it runs shielded from the cancellation):
@@ -45,14 +45,14 @@ from arbiter.keys import Principal
 from arbiter.proto.components import ScoreGroup
 from arbiter.proto.gateway import Recipe
 from arbiter.services.common.responses import JSONBody
-from arbiter.services.gateway.fanout import missing_text
-from arbiter.services.gateway.grading import needed
 from arbiter.services.gateway.idempotency import REPLAYED, Claim, Replay, check_key
-from arbiter.services.gateway.recipes import RecipeBook, ResolvedRecipe
 from arbiter.services.gateway.render import render
-from arbiter.services.gateway.scoring import THREAD_RESPONSES, Scope, Scored, Scorer
 from arbiter.services.gateway.teams import Teams
 from arbiter.services.gateway.usage import tally
+from arbiter.services.scoring.fanout import missing_text
+from arbiter.services.scoring.grading import needed
+from arbiter.services.scoring.recipes import RecipeBook, ResolvedRecipe
+from arbiter.services.scoring.scoring import THREAD_RESPONSES, Scope, Scored, Scorer
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from arbiter.services.gateway.scoring import Scored
+from arbiter.services.scoring.scoring import Scored
 
 REWARD = "reward"  # the error entry's component when the weighted sum itself failed
 

@@ -26,11 +26,11 @@ from arbiter.proto.usage import UsageReport
 from arbiter.services.common.responses import JSONBody
 from arbiter.services.gateway import grader_api
 from arbiter.services.gateway.auth import principal
-from arbiter.services.gateway.fanout import not_configured
 from arbiter.services.gateway.idempotency import HEADER
 from arbiter.services.gateway.lifecycle import IdempotentCall, Lifecycle
-from arbiter.services.gateway.recipes import COMPONENTS
 from arbiter.services.gateway.usage import today
+from arbiter.services.scoring.fanout import not_configured
+from arbiter.services.scoring.recipes import COMPONENTS
 
 # The answers of an authenticated route, besides every service's (ERROR_RESPONSES).
 AUTH_RESPONSES: dict[int | str, dict[str, Any]] = {

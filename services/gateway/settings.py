@@ -11,8 +11,7 @@ from pydantic_settings import SettingsConfigDict
 
 from arbiter.keys import DEV_SECRET
 from arbiter.services.common.settings import ServiceSettings
-
-SERVICES = ("verify", "embedding", "judge", "sandbox")
+from arbiter.services.scoring.settings import SERVICES, ComponentSettings
 
 
 class GatewaySettings(ServiceSettings):
@@ -263,7 +262,7 @@ class GatewaySettings(ServiceSettings):
     @field_validator("component_urls")
     @classmethod
     def _component_urls(cls, value: dict[str, str]) -> dict[str, str]:
-        from arbiter.services.gateway.recipes import COMPONENTS
+        from arbiter.services.scoring.recipes import COMPONENTS
 
         out = {}
         for name, url in value.items():
@@ -313,7 +312,7 @@ class GatewaySettings(ServiceSettings):
 
     @model_validator(mode="after")
     def _timeouts(self) -> GatewaySettings:
-        from arbiter.services.gateway.recipes import COMPONENTS
+        from arbiter.services.scoring.recipes import COMPONENTS
 
         for name, seconds in self.component_timeouts.items():
             if name not in COMPONENTS:
@@ -335,12 +334,21 @@ class GatewaySettings(ServiceSettings):
             "sandbox": self.sandbox_url,
         }[service]
 
-    def component_url(self, component: str, service: str) -> str | None:
-        """Base URL serving ``component``: its override, else its service's URL."""
-        return self.component_urls.get(component) or self.service_url(service)
-
-    def timeout_for(self, component: str) -> float:
-        return self.component_timeouts.get(component, self.component_timeout_s)
+    def components(self) -> ComponentSettings:
+        """What the scoring core reads of these settings (its component client's URLs,
+        deadlines, slots and batch sizes)."""
+        urls = {s: url for s in SERVICES if (url := self.service_url(s)) is not None}
+        return ComponentSettings(
+            service_urls=urls,
+            component_urls=self.component_urls,
+            component_timeout_s=self.component_timeout_s,
+            component_timeouts=self.component_timeouts,
+            connect_timeout_s=self.connect_timeout_s,
+            max_concurrency=self.max_concurrency,
+            team_concurrency=self.team_concurrency,
+            batch_groups=self.batch_groups,
+            batch_responses=self.batch_responses,
+        )
 
 
 @lru_cache(maxsize=1)

@@ -48,8 +48,8 @@ from redis.exceptions import RedisError
 from arbiter.errors import Unavailable, Unprocessable
 from arbiter.proto.usage import ComponentUsage, UsageDay, UsageReport
 from arbiter.services.common.throttle import ThrottledLog
-from arbiter.services.gateway.cache import REDIS_ERRORS
-from arbiter.services.gateway.scoring import Scored
+from arbiter.services.scoring.cache import REDIS_ERRORS
+from arbiter.services.scoring.scoring import Scored
 
 log = logging.getLogger("arbiter.gateway.usage")
 WARNINGS = ThrottledLog(log)  # one line per 10 s during a Redis outage, with a count

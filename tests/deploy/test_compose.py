@@ -15,7 +15,7 @@ import yaml
 
 from arbiter.keys import DEV_SECRET
 from arbiter.serve import SERVICES
-from arbiter.services.gateway.recipes import RecipeBook
+from arbiter.services.scoring.recipes import RecipeBook
 from tests.deploy.deployfiles import (
     COMPOSE,
     ENV_EXAMPLE,

@@ -9,8 +9,8 @@ import dataclasses
 import hashlib
 
 from arbiter.proto.gateway import Recipe, RecipeComponent, ScoreGroup
-from arbiter.services.gateway.cache import KEY_PREFIX, cache_keys
-from arbiter.services.gateway.recipes import BoundComponent, RecipeBook
+from arbiter.services.scoring.cache import KEY_PREFIX, cache_keys
+from arbiter.services.scoring.recipes import BoundComponent, RecipeBook
 
 GROUP = ScoreGroup(prompt="p", reference="r", responses=["a", "b"])
 

@@ -1,4 +1,4 @@
-"""The gateway's component client (aiohttp) against real sockets.
+"""The scoring core's component client (aiohttp) against real sockets.
 
 The raw servers stand in for behaviours uvicorn does not produce on demand (a component
 that closes every connection after answering, one that never answers, one that does not
@@ -14,9 +14,9 @@ from contextlib import asynccontextmanager
 from arbiter.errors import Timeout, Unavailable
 from arbiter.procs import free_port
 from arbiter.proto.components import ComponentResponse
-from arbiter.services.gateway.fanout import ComponentClient
-from arbiter.services.gateway.recipes import COMPONENTS
-from arbiter.services.gateway.settings import GatewaySettings
+from arbiter.services.scoring.fanout import ComponentClient
+from arbiter.services.scoring.recipes import COMPONENTS
+from arbiter.services.scoring.settings import ComponentSettings
 from tests.services.gateway.conftest import RawServer, http_reply
 
 FORMAT = COMPONENTS["format"]
@@ -26,7 +26,7 @@ OK = http_reply("200 OK", b'{"component":"format","groups":[{"id":"g","scores":[
 
 @asynccontextmanager
 async def client(url: str, **settings: object) -> AsyncIterator[ComponentClient]:
-    c = ComponentClient(GatewaySettings(verify_url=url, **settings))  # type: ignore[arg-type]
+    c = ComponentClient(ComponentSettings(service_urls={"verify": url}, **settings))
     try:
         yield c
     finally:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from arbiter.services.gateway.scoring import THREAD_RESPONSES
+from arbiter.services.scoring.scoring import THREAD_RESPONSES
 from tests.conftest import start_service
 from tests.services.gateway.conftest import RawServer, http_reply
 

@@ -12,8 +12,9 @@ from pydantic import ValidationError
 
 from arbiter.errors import Unprocessable
 from arbiter.proto.gateway import Recipe, RecipeComponent
-from arbiter.services.gateway.recipes import BUILTIN_RECIPES, RecipeBook, fingerprint
 from arbiter.services.gateway.settings import GatewaySettings
+from arbiter.services.scoring.recipes import BUILTIN_RECIPES, RecipeBook, fingerprint
+from arbiter.services.scoring.settings import ComponentSettings
 
 # Pinned: a change here means every training run's recorded reward identity changes.
 GSM8K_FINGERPRINT = "sha256:559a20ae6f6de68013acefbc081155aed86c9f0eb77c36c105aa57ad6bd398f0"
@@ -217,7 +218,25 @@ def test_settings_defaults_and_aliases(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GATEWAY_JUDGE_URL", "")  # empty = not configured
     s = GatewaySettings()
     assert s.port == 8000 and s.redis_url == "redis://127.0.0.1:6379/0"
-    assert s.judge_url is None and s.timeout_for("judge_quality") == 120.0
+    assert s.judge_url is None and s.components().timeout_for("judge_quality") == 120.0
+
+
+def test_component_settings_are_the_gateways() -> None:
+    # What the scoring core reads, from the gateway's settings: the services it has a URL
+    # for, the overrides, and the slots and batch sizes; the core's own defaults are the
+    # gateway's (the envs service takes them for what it does not set).
+    s = GatewaySettings(
+        verify_url="http://v:1/", judge_url="", component_urls={"format": "http://f:2"}
+    )
+    c = s.components()
+    assert c.service_urls == {"verify": "http://v:1"}
+    assert c.component_url("format", "verify") == "http://f:2"
+    assert c.component_url("math_accuracy", "verify") == "http://v:1"
+    assert c.service_url("judge") is None
+    defaults = ComponentSettings()
+    for name in ("connect_timeout_s", "max_concurrency", "team_concurrency", "batch_groups",
+                 "batch_responses", "component_timeout_s"):  # fmt: skip
+        assert getattr(c, name) == getattr(defaults, name), name
 
 
 def test_metric_label_is_the_name_of_a_named_recipe_only() -> None:

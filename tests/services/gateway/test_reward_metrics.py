@@ -6,7 +6,7 @@ import math
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from arbiter.services.gateway.reward_metrics import MAX_RECIPES, ScoreHistograms
+from arbiter.services.scoring.reward_metrics import MAX_RECIPES, ScoreHistograms
 
 
 def samples(hists: ScoreHistograms) -> dict[str, float]:

@@ -11,7 +11,7 @@ import pytest
 
 from arbiter.procs import free_port, service_process
 from arbiter.proto.gateway import ScoreResponse
-from arbiter.services.gateway.recipes import RecipeBook
+from arbiter.services.scoring.recipes import RecipeBook
 from tests.conftest import start_service
 from tests.services.gateway.conftest import EXPECTED_FORMAT, EXPECTED_MATH, gsm8k_groups, score
 

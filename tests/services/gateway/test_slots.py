@@ -9,7 +9,7 @@ from collections.abc import Hashable
 
 import pytest
 
-from arbiter.services.gateway.slots import TeamSlots
+from arbiter.services.scoring.slots import TeamSlots
 
 
 async def _order(slots: TeamSlots, waiters: list[tuple[str, Hashable, int]]) -> list[str]:

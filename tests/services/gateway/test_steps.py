@@ -14,16 +14,16 @@ from arbiter.errors import ArbiterError, InvalidRequest, Timeout, Unavailable, U
 from arbiter.proto.components import ComponentGroupResult, ComponentResponse, ScoreGroup
 from arbiter.proto.errors import ItemError
 from arbiter.proto.gateway import Recipe, RecipeComponent, ScoreResponse
-from arbiter.services.gateway.cache import LRUCache
-from arbiter.services.gateway.fanout import CallResult
-from arbiter.services.gateway.lookup import lookup
-from arbiter.services.gateway.merge import Merged, merge, weigh
-from arbiter.services.gateway.misses import call, chunks, misses
-from arbiter.services.gateway.plan import ComponentScores, plan
-from arbiter.services.gateway.recipes import ResolvedRecipe, resolve
 from arbiter.services.gateway.render import render
-from arbiter.services.gateway.scoring import Scored
 from arbiter.services.gateway.usage import tally
+from arbiter.services.scoring.cache import LRUCache
+from arbiter.services.scoring.fanout import CallResult
+from arbiter.services.scoring.lookup import lookup
+from arbiter.services.scoring.merge import Merged, merge, weigh
+from arbiter.services.scoring.misses import call, chunks, misses
+from arbiter.services.scoring.plan import ComponentScores, plan
+from arbiter.services.scoring.recipes import ResolvedRecipe, resolve
+from arbiter.services.scoring.scoring import Scored
 
 
 def recipe(*comps: tuple[str, float]) -> ResolvedRecipe:

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from arbiter.services.gateway.recipes import RecipeBook
+from arbiter.services.scoring.recipes import RecipeBook
 from tests.services.gateway.conftest import EXPECTED_MATH, gsm8k_groups
 from tests.services.gateway.teams import Keys, post, start_gateway, team_total, usage
 from tests.services.sandbox.conftest import ENV, Sandbox, group, problems

@@ -1,9 +1,12 @@
 """Calls to the component services: one shared aiohttp session, bounded, with deadlines.
 
+Part of the scoring core the gateway and the envs service share: each builds one
+``ComponentClient`` from its own settings (``settings.ComponentSettings``).
+
 aiohttp because its client (C-accelerated HTTP parser) was measured at 0.16-0.32 ms of
 CPU per call on a 2-core VM against httpx's 1.0-1.8 ms, and a ``/v1/score`` makes one call
 per component: with httpx that cost was most of the gateway's added latency (see
-``bench/results/gateway_aiohttp.json``). The session is made in the app's lifespan
+``bench/results/gateway_aiohttp.json``). The session is made in the service's lifespan
 (``ComponentClient`` is built there) and closed with it.
 
 ``ComponentClient.call`` never raises for a component's failure: it returns either the
@@ -44,11 +47,11 @@ from arbiter.keys import ANONYMOUS
 from arbiter.proto.common import TEAM_HEADER
 from arbiter.proto.components import ComponentResponse
 from arbiter.services.common.throttle import ThrottledLog
-from arbiter.services.gateway.recipes import ComponentSpec
-from arbiter.services.gateway.settings import SERVICES, GatewaySettings
-from arbiter.services.gateway.slots import TeamSlots
+from arbiter.services.scoring.recipes import ComponentSpec
+from arbiter.services.scoring.settings import SERVICES, ComponentSettings
+from arbiter.services.scoring.slots import TeamSlots
 
-log = logging.getLogger("arbiter.gateway.fanout")
+log = logging.getLogger("arbiter.scoring.fanout")
 # One line per component and kind per 10 s during an outage, with a count of the rest.
 FAILURES_LOG = ThrottledLog(log)
 
@@ -133,7 +136,7 @@ class ComponentClient:
     Build it inside the running event loop (the lifespan): the session belongs to it.
     """
 
-    def __init__(self, settings: GatewaySettings):
+    def __init__(self, settings: ComponentSettings):
         self.settings = settings
         per_service = settings.max_concurrency
         connector = aiohttp.TCPConnector(
@@ -154,7 +157,8 @@ class ComponentClient:
 
     def missing(self, specs: Iterable[ComponentSpec]) -> list[ComponentSpec]:
         """Those of ``specs`` whose service has no URL here (a deployment's choice: such a
-        recipe is refused at admission, ``lifecycle.py``)."""
+        recipe is refused at admission: ``gateway.lifecycle``; the envs service offers no
+        environment whose services it has no URL for)."""
         return [s for s in specs if self.url(s) is None]
 
     def url(self, spec: ComponentSpec) -> str | None:
@@ -174,7 +178,7 @@ class ComponentClient:
         belongs to; ``weight``: the team's weight, its share); ``sent`` is called once the
         call holds a slot and goes out."""
         url = self.url(spec)
-        # Admission (``lifecycle.py``) refuses a recipe whose services have no URL here.
+        # Admission (``gateway.lifecycle``) refuses a recipe whose services have no URL here.
         assert url is not None, f"{spec.name}: called without a {spec.service} URL"
         timeout = self.settings.timeout_for(spec.name)
         headers = {**JSON_HEADERS, TEAM_HEADER: team}

@@ -1,8 +1,9 @@
-"""OpenAI graders as recipe components: graded in the gateway, reaching the services a
-grader needs through the gateway's own ``ComponentClient``.
+"""OpenAI graders as recipe components: graded in process by the scoring core (in the
+gateway, or the envs service), reaching the services a grader needs through the same
+``ComponentClient`` as every component call.
 
 Why here and not in a service of their own: a grader is a composition (a ``multi`` mixes
-a pure check, a sandboxed program and a judge call), and the gateway is what already
+a pure check, a sandboxed program and a judge call), and the scoring core is what already
 holds every service's client, its slots and the caller's fair share. The pure graders
 (``string_check``, ``text_similarity`` but ``cosine``) cost microseconds per response: a
 hop to verify would cost more than the check (large batches leave the event loop for a
@@ -31,14 +32,14 @@ from arbiter.proto.common import TEAM_HEADER
 from arbiter.proto.components import ComponentGroupResult, ComponentResponse, ComponentUsage
 from arbiter.proto.errors import ItemError
 from arbiter.proto.graders import LabelModelGrader, PythonGrader, ScoreModelGrader
-from arbiter.services.gateway.fanout import CallResult, ComponentClient
-from arbiter.services.gateway.recipes import COMPONENTS, ComponentSpec, ResolvedRecipe
 from arbiter.services.graders import spec as grader_spec
 from arbiter.services.graders.engine import Outcome, Row, grade
 from arbiter.services.graders.templating import MissingVariable, resolve, variables
 from arbiter.services.sandbox import grader as openai_shapes
+from arbiter.services.scoring.fanout import CallResult, ComponentClient
+from arbiter.services.scoring.recipes import COMPONENTS, ComponentSpec, ResolvedRecipe
 
-GRADERS = "graders"  # the service of a grader component: this gateway itself
+GRADERS = "graders"  # the service of a grader component: graded in this process
 ModelGrader = ScoreModelGrader | LabelModelGrader
 # The pseudo-component each service a grader reaches is called as (slots, timeouts, logs).
 COSINE = ComponentSpec("text_similarity", "embedding", "/v1/embeddings", "response", object)  # type: ignore[arg-type]

@@ -1,5 +1,8 @@
 """The scoring step of a scoring call: pure work on a resolved recipe, one module per step.
 
+The scoring core the gateway and the envs service share (both build a ``Scorer``; neither
+imports the other's modules):
+
 1. ``plan.py``: a result table per recipe component, with the cache keys of its work.
 2. ``lookup.py``: every component's keys in one cache round trip (one Redis MGET).
 3. ``misses.py``: what is missing, de-duplicated within each group, in chunks of groups.
@@ -9,9 +12,10 @@
    the weighted rewards.
 
 ``Scorer.score(recipe, groups, scope)`` knows no caller, quota or bytes: it returns a typed
-``Scored``. Admission before it and settlement and rendering after it are
-``lifecycle.py``'s (``render.py`` makes the bytes of ``/v1/score``; the compat routes read
-their samples out of the same ``Scored``).
+``Scored``. In the gateway, admission before it and settlement and rendering after it are
+``gateway.lifecycle``'s (``gateway.render`` makes the bytes of ``/v1/score``; the compat
+routes read their samples out of the same ``Scored``); the envs service scores an
+episode's submit with it directly (``envs.rewards``).
 
 ``Scope`` says whose work it is: the team (the fan-out's fair share and the
 ``X-Arbiter-Team`` header), the cache space (the team's, or None: a shared recipe or auth
@@ -34,16 +38,16 @@ from arbiter.errors import ArbiterError, InvalidRequest, Unavailable
 from arbiter.keys import ANONYMOUS
 from arbiter.proto.components import ScoreGroup
 from arbiter.services.common.app import NON_BLOCKING_PREFIXES
-from arbiter.services.gateway.cache import Cache
-from arbiter.services.gateway.fanout import UNREACHABLE, Caller, CallResult, ComponentClient
-from arbiter.services.gateway.grading import GRADERS, LocalGraders
-from arbiter.services.gateway.lookup import CHUNK_KEYS, lookup
-from arbiter.services.gateway.merge import Merged, join_notes, merge, weigh
-from arbiter.services.gateway.misses import Call, call, chunks, misses
-from arbiter.services.gateway.plan import ComponentScores, plan
-from arbiter.services.gateway.recipes import ResolvedRecipe
-from arbiter.services.gateway.reward_metrics import SCORES
-from arbiter.services.gateway.settings import SERVICES
+from arbiter.services.scoring.cache import Cache
+from arbiter.services.scoring.fanout import UNREACHABLE, Caller, CallResult, ComponentClient
+from arbiter.services.scoring.grading import GRADERS, LocalGraders
+from arbiter.services.scoring.lookup import CHUNK_KEYS, lookup
+from arbiter.services.scoring.merge import Merged, join_notes, merge, weigh
+from arbiter.services.scoring.misses import Call, call, chunks, misses
+from arbiter.services.scoring.plan import ComponentScores, plan
+from arbiter.services.scoring.recipes import ResolvedRecipe
+from arbiter.services.scoring.reward_metrics import SCORES
+from arbiter.services.scoring.settings import SERVICES
 
 REQUESTS = Counter(
     "arbiter_gateway_score_requests_total", "Scoring calls by recipe and outcome.",
@@ -133,7 +137,8 @@ def _positions(c: Call) -> list[tuple[int, int]]:
 
 
 class Scorer:
-    """Built once at start-up (``app.state.scorer``); one ``score`` per scoring call."""
+    """Built once at start-up (the gateway's ``app.state.scorer``, the envs service's
+    ``Rewards``); one ``score`` per scoring call."""
 
     def __init__(self, cache: Cache, client: ComponentClient):
         self.cache = cache
@@ -146,7 +151,7 @@ class Scorer:
         self._pending: dict[str, str] = {}
 
     async def score(self, recipe: ResolvedRecipe, groups: list[ScoreGroup], scope: Scope) -> Scored:
-        """Score ``groups`` of an admitted ``recipe``: admission (``lifecycle.py``) refused
+        """Score ``groups`` of an admitted ``recipe``: admission (``gateway.lifecycle``) refused
         any recipe with a component whose service is not configured. An ``InvalidRequest``
         (params a component refused) is the only error raised: a failed component is nulls
         with their reasons in ``Scored``."""
@@ -237,7 +242,7 @@ class Scorer:
             self.cache.check(),
         )
         names = [*services, *(f"{name} (GATEWAY_COMPONENT_URLS)" for name in overrides), "cache"]
-        # A component that is down degrades the gateway (its scores come back null + masked)
+        # A component that is down degrades the service (its scores come back null + masked)
         # but does not take it out of service: math and format keep flowing while vLLM restarts.
         return {
             name: check if check == "ok" or check.startswith(NON_BLOCKING_PREFIXES)

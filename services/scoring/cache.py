@@ -23,9 +23,9 @@ from redis.exceptions import RedisError
 
 from arbiter.proto.gateway import ScoreGroup
 from arbiter.services.common.throttle import ThrottledLog
-from arbiter.services.gateway.recipes import BoundComponent
+from arbiter.services.scoring.recipes import BoundComponent
 
-log = logging.getLogger("arbiter.gateway.cache")
+log = logging.getLogger("arbiter.scoring.cache")
 RECOVERED_LOG = ThrottledLog(log, interval_s=30.0)
 
 REDIS_ERRORS = Counter(
@@ -108,7 +108,7 @@ class NullCache:
 
 
 class LRUCache:
-    """In-process, per gateway process; bounded by entries, entries expire after the TTL."""
+    """In-process, per process; bounded by entries, entries expire after the TTL."""
 
     kind = "lru"
 

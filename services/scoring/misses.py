@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 
 from arbiter.proto.components import ScoreGroup
-from arbiter.services.gateway.plan import ComponentScores, Item
-from arbiter.services.gateway.recipes import ComponentSpec
+from arbiter.services.scoring.plan import ComponentScores, Item
+from arbiter.services.scoring.recipes import ComponentSpec
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """Fair share of a component service's call slots: across teams first, then a team's requests.
 
-The gateway holds at most ``limit`` calls in flight to one component service. With one
-first-come queue, a team that posts hundreds of one-sample requests at once (OpenRLHF and
-slime do) fills every slot and another team's call waits behind all of them: 10.8 s for a
-one-response request behind 70 requests x 6 LaTeX responses. Here
+The scoring core's component client (in the gateway, or the envs service) holds at most
+``limit`` calls in flight to one component service. With one first-come queue, a team that
+posts hundreds of one-sample requests at once (OpenRLHF and slime do) fills every slot and
+another team's call waits behind all of them: 10.8 s for a one-response request behind 70
+requests x 6 LaTeX responses. Here
 
 - one team holds at most ``per_team`` slots (fewer than ``limit``), so another team's
   call finds a free slot at once while fewer than ``limit / per_team`` teams are busy;
@@ -35,7 +36,7 @@ class TeamSlots(FairLimiter):
         super().__init__(limit, per_team=per_team)
 
     @contextlib.asynccontextmanager
-    async def slot(  # type: ignore[override]  # the gateway names the team first
+    async def slot(  # type: ignore[override]  # the scoring core names the team first
         self, team: str, request: Hashable, weight: int = 1
     ) -> AsyncIterator[None]:
         """Hold one slot for ``team``'s ``request``, waiting for their turn if need be."""

@@ -176,7 +176,7 @@ def check_params(spec: ComponentSpec, params: dict[str, Any], where: str) -> Non
 
 
 def grader_component(comp: RecipeComponent, at: str) -> ComponentSpec:
-    """The spec of a grader component (graded by the gateway itself, ``grading.py``);
+    """The spec of a grader component (graded in process, ``grading.py``);
     422 naming the field for a bad grader, a name a built-in component has, or params."""
     from arbiter.services.graders.spec import load  # the graders' deps load with them
 

@@ -1,10 +1,10 @@
-"""Distributions of the scores the gateway hands out: each component's, and each recipe's total.
+"""Distributions of the scores the scoring core hands out: each component's, each recipe's total.
 
 ``arbiter_gateway_component_score{component}`` and ``arbiter_gateway_reward{recipe}`` are
 Prometheus histograms, but filled a whole list at a time: a scoring request carries up to
 hundreds of thousands of scores, and ``prometheus_client``'s per-value ``observe`` (~0.7 µs
 with a label lookup) would put most of a millisecond on the request's path. Here one
-``bisect`` and two additions per value, no lock (the gateway is one event loop; a scrape
+``bisect`` and two additions per value, no lock (a service process is one event loop; a scrape
 runs on it too), and the families are built only when ``/metrics`` is read.
 
 A null score is not a value and is not counted (``arbiter_gateway_component_errors_total``

@@ -3,7 +3,7 @@
 Every component gets a slot per response (``scores[g][j]``, ``None`` until filled), its
 errors and notes per group, and the cache keys of its work. The later steps fill these
 tables in place: the cache lookup (``lookup.py``), the component calls for what is still
-missing (``misses.py``, ``merge.py``); ``render.py`` reads them into the response.
+missing (``misses.py``, ``merge.py``); the gateway's ``render.py`` reads them into the response.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arbiter.proto.components import ScoreGroup
-from arbiter.services.gateway.cache import cache_keys
-from arbiter.services.gateway.recipes import BoundComponent, ResolvedRecipe
+from arbiter.services.scoring.cache import cache_keys
+from arbiter.services.scoring.recipes import BoundComponent, ResolvedRecipe
 
 
 @dataclass

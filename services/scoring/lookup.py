@@ -15,8 +15,8 @@ import json
 from prometheus_client import Counter
 
 from arbiter.proto.components import ScoreGroup
-from arbiter.services.gateway.cache import Cache, Value
-from arbiter.services.gateway.plan import ComponentScores
+from arbiter.services.scoring.cache import Cache, Value
+from arbiter.services.scoring.plan import ComponentScores
 
 # Keys per cache round trip: one MGET for a usual request; a maximal one (1,024 x 256
 # responses, two components) in 32, so packing half a million keys never holds the loop.

@@ -24,9 +24,9 @@ from typing import Any
 
 from arbiter.errors import ArbiterError, InvalidRequest, Unprocessable
 from arbiter.proto.components import ComponentResponse, ScoreGroup
-from arbiter.services.gateway.fanout import CallResult
-from arbiter.services.gateway.misses import Call
-from arbiter.services.gateway.plan import ComponentScores, Item
+from arbiter.services.scoring.fanout import CallResult
+from arbiter.services.scoring.misses import Call
+from arbiter.services.scoring.plan import ComponentScores, Item
 
 
 @dataclass
