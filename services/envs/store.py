@@ -16,11 +16,12 @@ second is refused with 409 instead of losing the first's effect or submit.
 stored answers are: the state Redis is ``noeviction``, and a ``code`` episode holds its
 task, up to a few hundred KB. Each team's open episodes are listed with their last touch
 (``arbiter:envs-budget:touched:{team}``, a sorted set) and their sizes
-(``arbiter:envs-budget:bytes:{team}``); ``/create`` first forgets the team's episodes idle
-past the TTL (Redis has expired them), then opens the new one only if the team's total
-stays within its budget (``CREATE``, one script): past it, 429 ``episodes_over_budget`` for
-that team alone. An episode's size is taken when it opens: what changes after (a finished
-flag, the interpreter's handle) is small.
+(``arbiter:envs-budget:bytes:{team}``, and their running total); ``/create`` first forgets
+the team's episodes idle past the TTL (Redis has expired them), then opens the new one only
+if the team's total stays within its budget (``CREATE``, one script, its cost independent
+of how many episodes are open): past it, 429 ``episodes_over_budget`` for that team alone.
+An episode's size is taken when it opens: what changes after (a finished flag, the
+interpreter's handle) is small.
 """
 
 from __future__ import annotations
@@ -39,27 +40,42 @@ from arbiter.errors import BadRequest, Conflict, NotFound, RateLimited, Unavaila
 PREFIX = "arbiter:envs"
 BUDGET = "arbiter:envs-budget"
 
-# KEYS: the episode, the team's touches, the team's sizes. ARGV: the state, its version,
-# the TTL in s, now in ms, the team's budget in bytes, the sid. Returns -1 when the episode
-# exists, -2 past the budget (then the team's total), else the team's total with it.
+# KEYS: the episode, the team's touches, the team's sizes, the team's total. ARGV: the
+# state, its version, the TTL in s, now in ms, the team's budget in bytes, the sid. Returns
+# {-1, 0} when the episode exists, {-2, total} past the budget, else {0, the new total}.
 CREATE = """
 local idle = tonumber(ARGV[4]) - tonumber(ARGV[3]) * 1000
 for _, gone in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. idle)) do
   redis.call('ZREM', KEYS[2], gone)
-  redis.call('HDEL', KEYS[3], gone)
+  local size = redis.call('HGET', KEYS[3], gone)
+  if size then
+    redis.call('HDEL', KEYS[3], gone)
+    redis.call('DECRBY', KEYS[4], size)
+  end
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {-1, 0} end
-local total = 0
-for _, size in ipairs(redis.call('HVALS', KEYS[3])) do total = total + tonumber(size) end
+local total = tonumber(redis.call('GET', KEYS[4]) or '0')
 local size = string.len(ARGV[1])
 if total + size > tonumber(ARGV[5]) then return {-2, total} end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'version', ARGV[2])
 redis.call('EXPIRE', KEYS[1], ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[4], ARGV[6])
 redis.call('HSET', KEYS[3], ARGV[6], size)
-return {0, total + size}
+return {0, redis.call('INCRBY', KEYS[4], size)}
 """
-
+# KEYS: the team's touches, sizes and total, then the episodes. ARGV: their sids. Returns
+# how many episodes were open.
+DELETE = """
+for i, sid in ipairs(ARGV) do
+  redis.call('ZREM', KEYS[1], sid)
+  local size = redis.call('HGET', KEYS[2], sid)
+  if size then
+    redis.call('HDEL', KEYS[2], sid)
+    redis.call('DECRBY', KEYS[3], size)
+  end
+end
+return redis.call('DEL', unpack(KEYS, 4))
+"""
 SAVE = """
 if redis.call('HGET', KEYS[1], 'version') ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'version', tostring(tonumber(ARGV[2]) + 1))
@@ -104,6 +120,11 @@ def sizes_key(team: str) -> str:
     return f"{BUDGET}:bytes:{team}"
 
 
+def budget_keys(team: str) -> list[str]:
+    """The team's touches, sizes and their total (the budget's keys, in scripts' order)."""
+    return [touched_key(team), sizes_key(team), f"{BUDGET}:total:{team}"]
+
+
 def now_ms() -> int:
     return int(time.time() * 1000)
 
@@ -123,6 +144,7 @@ class Store:
         self.team_bytes = team_bytes
         self.redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=5.0)
         self._create = self.redis.register_script(CREATE)
+        self._delete = self.redis.register_script(DELETE)
         self._save = self.redis.register_script(SAVE)
 
     async def close(self) -> None:
@@ -139,7 +161,7 @@ class Store:
         """Opens the episode at a random version (a call still running on a deleted
         episode of this sid read another, so its save is refused instead of overwriting),
         within the team's byte budget."""
-        keys = [key(team, sid), touched_key(team), sizes_key(team)]
+        keys = [key(team, sid), *budget_keys(team)]
         version = str(secrets.randbelow(2**48))
         args: list[str | int] = [
             episode.dump(),
@@ -223,12 +245,9 @@ class Store:
 
     async def delete_many(self, team: str, sids: list[str]) -> int:
         """``delete`` of many episodes in one round trip: how many were open."""
-        async with redis_errors(), self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(*(key(team, sid) for sid in sids))
-            pipe.zrem(touched_key(team), *sids)
-            pipe.hdel(sizes_key(team), *sids)
-            deleted, _, _ = await pipe.execute()
-        return int(deleted)
+        keys = [*budget_keys(team), *(key(team, sid) for sid in sids)]
+        async with redis_errors():
+            return int(await self._delete(keys=keys, args=sids))
 
 
 class redis_errors:
