@@ -94,6 +94,8 @@ Handler = Callable[..., Awaitable[Response]]
 
 
 def _handler(route: str, keyed: bool) -> Handler:
+    """The route's handler: a path of its own ("/create", "/tools"), or one environment's
+    ("tools": ``/{env_name}/tools``)."""
     if route.startswith("/"):
 
         async def handle(request: Request, key: IdempotencyDep = None) -> Response:
@@ -105,13 +107,6 @@ def _handler(route: str, keyed: bool) -> Handler:
         return await _forward(request, f"{env_name}/{route}", keyed, key)
 
     return handle_env
-
-
-def _bare(route: str, keyed: bool) -> Handler:
-    async def handle(request: Request, key: IdempotencyDep = None) -> Response:
-        return await _forward(request, route, keyed, key)
-
-    return handle
 
 
 def build_router(prefix: str, in_schema: bool) -> APIRouter:
@@ -138,7 +133,7 @@ def build_router(prefix: str, in_schema: bool) -> APIRouter:
         )
         router.add_api_route(
             f"/{route}",
-            _bare(route, keyed),
+            _handler(f"/{route}", keyed),
             methods=[method],
             summary=f"{summary} (X-Deployment names the environment)",
             responses=errors,
