@@ -24,6 +24,13 @@ def pytest_configure(config: pytest.Config) -> None:
     # it starts use only models already on disk.
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         os.environ.setdefault(name, "1")
+    # torch's OpenMP threads spin up to 300,000 times at each barrier before they sleep. On
+    # two cores, beside another busy process (a second torch process, a service, another
+    # job on the machine) they spin away each other's time slices: 20 steps of the tiny
+    # model took 46 s instead of 2 beside a second such process (1,000 spins: 3.7 s; alone,
+    # 1.9 s either way), and regress.sh SMALL 399 s instead of 155 s beside two busy loops.
+    # Set before any test imports torch; every process the tests start inherits it.
+    os.environ.setdefault("GOMP_SPINCOUNT", "1000")
 
 
 @pytest.fixture(scope="session")
