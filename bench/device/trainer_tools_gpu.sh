@@ -32,9 +32,13 @@ fi
 WEIGHT=${W_DIV:-1.0}
 mkdir -p "$OUT" "$O"
 L="$PY -m bench.trainer.learn --out $O --compare-steps 0 --verify-workers $VW"
-# the two warm starts, side by side
-$L --task tool --sft-only --sft-steps $TOOL_SFT --work $W/ws-tool --tag ws-tool > $O/ws-tool.log 2>&1 &
-$L --sft-only --work $W/ws-arith --tag ws-arith > $O/ws-arith.log 2>&1 &
+# the two warm starts, side by side; each only where one of RUNS starts from it
+case " $RUNS " in *" tool"*|*" notool "*)
+  $L --task tool --sft-only --sft-steps $TOOL_SFT --work $W/ws-tool --tag ws-tool > $O/ws-tool.log 2>&1 & ;;
+esac
+case " $RUNS " in *" gsm8k "*|*" diverse"*)
+  $L --sft-only --work $W/ws-arith --tag ws-arith > $O/ws-arith.log 2>&1 & ;;
+esac
 wait
 G="--steps $STEPS --timeout $T eval_every=$EVERY"
 TOOL="$L --task tool --warm-start $W/ws-tool $G"
