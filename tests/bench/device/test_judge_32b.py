@@ -1,6 +1,6 @@
-"""The 32B judge script on the CPU (SMALL=1): vLLM CPU serves the tiny model, the judge
-service is measured against direct calls, and GRPO runs through the gateway with the judge in
-the loop; the JSON carries every part's figures."""
+"""The 32B judge script on the CPU (SMALL=1): vLLM CPU serves the tiny model (the session's
+server, as VLLM_URL), the judge service is measured against direct calls, and GRPO runs through
+the gateway with the judge in the loop; the JSON carries every part's figures."""
 
 from __future__ import annotations
 
@@ -12,15 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import VLLMServer
+
 REPO = Path(__file__).resolve().parents[3]
 VLLM_PYTHON = Path(os.environ.get("ARBITER_VLLM_PYTHON") or REPO / ".venv-vllm/bin/python")
 
 
 @pytest.mark.skipif(not VLLM_PYTHON.exists(), reason="no vLLM CPU venv (make vllm)")
 def test_judge_script_measures_the_service_and_the_reward_wait_with_the_judge_in_the_loop(
-    tmp_path: Path,
+    vllm_server: VLLMServer, tmp_path: Path
 ) -> None:
-    env = os.environ | {"SMALL": "1", "PY": sys.executable, "OUT": str(tmp_path)}
+    env = os.environ | {"SMALL": "1", "PY": sys.executable, "OUT": str(tmp_path),
+                        "VLLM_URL": vllm_server.base_url}  # fmt: skip
     proc = subprocess.run(
         ["bash", "bench/device/judge_32b.sh"], cwd=REPO, env=env, capture_output=True,
         text=True, timeout=600,

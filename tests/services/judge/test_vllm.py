@@ -21,8 +21,8 @@ from arbiter.proto.components import ScoreGroup
 from arbiter.proto.judge import QualityParams, QualityRequest, VerifierParams, VerifierRequest
 from arbiter.services.judge.scoring import Judge
 from arbiter.services.judge.settings import JudgeSettings
+from tests.conftest import VLLMServer
 from tests.services.judge.capture import FIXTURES, capture
-from tests.services.judge.conftest import VLLMServer
 
 GROUP = {
     "id": "natalia",
