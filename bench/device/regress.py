@@ -147,7 +147,10 @@ def part_diverse(a: argparse.Namespace, out: dict[str, Any]) -> None:
     the GPU, pass@16 and the pairwise distance of held-out samples before and after; the
     reward wait with the embedding service in the loop must stay under 5 % of the step."""
     model = "default" if a.small else str(a.embedding_model)
-    r = _learn_setting(a, "diverse", ["--embedding", model, "recipe=gsm8k-diverse"], 330)
+    extra = ["--embedding", model, "recipe=gsm8k-diverse"]
+    if a.small and out.get("learn", {}).get("rc") == 0:  # the parts ran one after the other:
+        extra += ["--warm-start", str(a.work / "learn")]  # learn's warm start, the same one
+    r = _learn_setting(a, "diverse", extra, 330)
     g = r.pop("grpo")
     p16 = g.get("pass@16") or g.get("pass@4") or []
     out["diverse"] = r | {
