@@ -18,7 +18,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.mark.slow  # one warm start and three runs of 2 GRPO steps: ~2 min on 2 shared cores
+@pytest.mark.slow  # one warm start and three runs of 2 GRPO steps: 55-80 s on 2 shared cores
 def test_small_runs_tool_use_with_and_without_the_tool_and_through_the_service(
     tmp_path: Path,
 ) -> None:
