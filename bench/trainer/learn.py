@@ -142,8 +142,9 @@ def _summarise(run_dir: Path, wall_s: float) -> dict[str, Any]:
             )
         }
         out["reward_wait_share"] = round(tot("time/reward_wait") / step_s, 4)
-        # multi-turn: the environments' turns (in process, or the service's round trips)
-        out["env_wait_share"] = round(tot("time/env") / step_s, 4)
+        # multi-turn: the environments' turns (in process, or the service's round trips); 6
+        # places, as 4 rounded a fast run's share to 0
+        out["env_wait_share"] = round(tot("time/env") / step_s, 6)
         out["action_tokens_per_s"] = round(tot("tokens/action") / step_s, 1)
         out["reward_first_last"] = [train[0].get("reward/mean"), train[-1].get("reward/mean")]
         out["completion_len_first_last"] = [
