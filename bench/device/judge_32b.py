@@ -189,8 +189,9 @@ def main() -> None:
 
         base_url = os.environ.get("VLLM_URL", "")
         if not base_url:
-            server, base_url = judge_bench.start_vllm(build(work / "tiny", gsm8k.default_dir()),
-                                                      work / "vllm.log")  # fmt: skip
+            server, base_url = judge_bench.start_vllm(
+                build(work / "tiny", gsm8k.default_dir()), work / "vllm.log"
+            )
         model, concs, items, rounds = "tiny", [8], 16, 1
     else:
         t0 = time.perf_counter()

@@ -22,8 +22,12 @@ VLLM_PYTHON = Path(os.environ.get("ARBITER_VLLM_PYTHON") or REPO / ".venv-vllm/b
 def test_judge_script_measures_the_service_and_the_reward_wait_with_the_judge_in_the_loop(
     vllm_server: VLLMServer, tmp_path: Path
 ) -> None:
-    env = os.environ | {"SMALL": "1", "PY": sys.executable, "OUT": str(tmp_path),
-                        "VLLM_URL": vllm_server.base_url}  # fmt: skip
+    env = os.environ | {
+        "SMALL": "1",
+        "PY": sys.executable,
+        "OUT": str(tmp_path),
+        "VLLM_URL": vllm_server.base_url,
+    }
     proc = subprocess.run(
         ["bash", "bench/device/judge_32b.sh"], cwd=REPO, env=env, capture_output=True,
         text=True, timeout=600,

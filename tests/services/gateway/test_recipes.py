@@ -234,8 +234,14 @@ def test_component_settings_are_the_gateways() -> None:
     assert c.component_url("math_accuracy", "verify") == "http://v:1"
     assert c.service_url("judge") is None
     defaults = ComponentSettings()
-    for name in ("connect_timeout_s", "max_concurrency", "team_concurrency", "batch_groups",
-                 "batch_responses", "component_timeout_s"):  # fmt: skip
+    for name in (
+        "connect_timeout_s",
+        "max_concurrency",
+        "team_concurrency",
+        "batch_groups",
+        "batch_responses",
+        "component_timeout_s",
+    ):
         assert getattr(c, name) == getattr(defaults, name), name
 
 
